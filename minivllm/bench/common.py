@@ -1,0 +1,94 @@
+"""What every benchmark shares: quick mode, medians, the machine record, the JSON file.
+
+The JSON object is the one DESIGN.md names: {"bench", "machine", "results", "ratios"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from typing import Any, Callable
+
+
+def quick_mode() -> bool:
+    """MINIVLLM_QUICK=1 shrinks every experiment (the test suite sets it)."""
+    return os.environ.get("MINIVLLM_QUICK", "") not in ("", "0")
+
+
+def bench_parser(name: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=description)
+    parser.add_argument("--quick", action="store_true", help="a short run (also MINIVLLM_QUICK=1)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as one JSON object")
+    return parser
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "pyzmq": _version("pyzmq"),
+        "msgspec": _version("msgspec"),
+        "numpy": _version("numpy"),
+    }
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of fn() in seconds over `repeats` runs."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) by nearest rank; values need not be sorted."""
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Print rows as an aligned text table, formatting floats to 3 significant digits."""
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def write_json(path: str | None, bench: str, results: list[dict], ratios: dict[str, float]) -> dict:
+    record = {"bench": bench, "machine": machine_info(), "results": results, "ratios": ratios}
+    if path:
+        with open(path, "w") as f:
+            json.dump(record, f, indent=2)
+        print(f"wrote {path}")
+    return record

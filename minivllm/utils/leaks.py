@@ -1,0 +1,138 @@
+"""Find what a piece of code left behind: child processes, /dev/shm segments, ipc socket files.
+
+The test suite's leak fixture and the judge both take a `Snapshot` before running code and
+compare after. Everything found is reported and then cleaned up, so one leak does not
+poison the next test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+SHM_DIR = "/dev/shm"
+# Files the OS or Python keep in /dev/shm on their own (POSIX semaphores of multiprocessing).
+_SHM_IGNORED_PREFIXES = ("sem.", "lost+found")
+SOCKET_SCAN_DEPTH = 3  # ipc sockets live in private dirs under $TMPDIR; deeper is not ours
+
+
+def shm_segments() -> set[str]:
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return set()
+    return {n for n in names if not n.startswith(_SHM_IGNORED_PREFIXES)}
+
+
+def ipc_socket_files(root: str | None = None) -> set[str]:
+    """Unix socket files under the temp dir (where ipc:// endpoints are made)."""
+    root = root or tempfile.gettempdir()
+    found: set[str] = set()
+    base_depth = root.rstrip("/").count("/")
+    for dirpath, dirnames, filenames in os.walk(root):
+        if dirpath.count("/") - base_depth >= SOCKET_SCAN_DEPTH:
+            dirnames.clear()
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    found.add(path)
+            except OSError:
+                continue
+    return found
+
+
+def child_processes(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@dataclass
+class Leaks:
+    processes: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)
+    sockets: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.segments or self.sockets)
+
+    def describe(self) -> str:
+        lines = [f"process left running: {p}" for p in self.processes]
+        lines += [f"shared-memory segment left in /dev/shm: {s}" for s in self.segments]
+        lines += [f"ipc socket file left behind: {s}" for s in self.sockets]
+        return "\n".join(lines)
+
+
+def describe_process(p: psutil.Process) -> str:
+    try:
+        return f"pid {p.pid} ({' '.join(p.cmdline())[:120] or p.name()})"
+    except psutil.Error:
+        return f"pid {p.pid}"
+
+
+def kill_processes(procs: list[psutil.Process], grace: float = 1.0) -> None:
+    """SIGTERM, wait `grace` seconds, then SIGKILL whatever is still alive."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def remove_paths(paths) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+class Snapshot:
+    """What exists now; `leaks()` later tells what was added since, and cleans it up."""
+
+    def __init__(self, socket_root: str | None = None):
+        self.socket_root = socket_root
+        self.segments = shm_segments()
+        self.sockets = ipc_socket_files(socket_root)
+        self.children = {p.pid for p in child_processes()}
+
+    def leaks(self, settle: float = 3.0, extra_processes: list[psutil.Process] = ()) -> Leaks:
+        """Wait up to `settle` s for children to exit by themselves, then report and clean."""
+        deadline = time.monotonic() + settle
+        procs = self._new_children() + list(extra_processes)
+        while procs and time.monotonic() < deadline:
+            time.sleep(0.05)
+            procs = [p for p in procs if _alive(p)]
+        found = Leaks(processes=[describe_process(p) for p in procs])
+        kill_processes(procs)
+        new_segments = sorted(shm_segments() - self.segments)
+        new_sockets = sorted(ipc_socket_files(self.socket_root) - self.sockets)
+        found.segments, found.sockets = new_segments, new_sockets
+        remove_paths(os.path.join(SHM_DIR, s) for s in new_segments)
+        remove_paths(new_sockets)
+        return found
+
+    def _new_children(self) -> list[psutil.Process]:
+        return [p for p in child_processes() if p.pid not in self.children and _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

