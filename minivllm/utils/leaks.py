@@ -120,8 +120,13 @@ class Snapshot:
             procs = [p for p in procs if _alive(p)]
         found = Leaks(processes=[describe_process(p) for p in procs])
         kill_processes(procs)
-        new_segments = sorted(shm_segments() - self.segments)
-        new_sockets = sorted(ipc_socket_files(self.socket_root) - self.sockets)
+        # Another program (a parallel test run) may own new files: skip what a live
+        # process other than this one still maps or listens on.
+        others = _other_processes_holding()
+        new_segments = sorted(s for s in shm_segments() - self.segments
+                              if f"{SHM_DIR}/{s}" not in others)
+        new_sockets = sorted(s for s in ipc_socket_files(self.socket_root) - self.sockets
+                             if s not in others)
         found.segments, found.sockets = new_segments, new_sockets
         remove_paths(os.path.join(SHM_DIR, s) for s in new_segments)
         remove_paths(new_sockets)
@@ -129,6 +134,44 @@ class Snapshot:
 
     def _new_children(self) -> list[psutil.Process]:
         return [p for p in child_processes() if p.pid not in self.children and _alive(p)]
+
+
+def _socket_inodes(pid: str) -> set[str]:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _other_processes_holding() -> set[str]:
+    """Paths of shm segments mapped, and unix sockets bound, by processes other than us."""
+    me = str(os.getpid())
+    held: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(line.split(None, 5)[5].strip() for line in f
+                            if SHM_DIR in line and len(line.split(None, 5)) == 6)
+        except OSError:
+            continue
+    mine = _socket_inodes(me)
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[6] not in mine:
+                    held.add(parts[7])
+    except OSError:
+        pass
+    return held
 
 
 def _alive(p: psutil.Process) -> bool:
