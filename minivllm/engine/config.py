@@ -1,0 +1,63 @@
+"""The engine's configuration: one dataclass, validated once, shared by every layer.
+
+In vLLM the same role is played by VllmConfig (vllm/config/__init__.py), which bundles the
+model, cache, scheduler and parallel configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from minivllm.model.config import ModelConfig
+from minivllm.model.llama import LlamaModel
+from minivllm.model.loader import default_model_path, load_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # a .gguf file or a HF directory; None: SmolLM2-135M-Instruct
+    dtype: str = "float32"  # float32 is the CPU default; bfloat16 halves memory traffic
+    block_size: int = 16  # tokens per KV cache block
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    num_kv_blocks: int | None = None  # overrides kv_cache_bytes (tests force preemption with it)
+    max_num_seqs: int = 64  # requests in one step
+    max_num_batched_tokens: int = 512  # tokens in one step: the chunked-prefill budget
+    max_model_len: int | None = None  # default: the model's context, capped by the cache
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_threads: int | None = None  # torch threads in the worker; None: torch's default
+    model_config: ModelConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.model is None:
+            self.model = default_model_path()
+        self.model_config = load_config(self.model)
+        if self.num_kv_blocks is None:
+            per_block = self.block_size * LlamaModel.kv_bytes_per_token(self.model_config,
+                                                                         self.torch_dtype)
+            self.num_kv_blocks = self.kv_cache_bytes // per_block
+        capacity = self.num_kv_blocks * self.block_size
+        limit = min(self.model_config.max_position, capacity)
+        self.max_model_len = min(self.max_model_len or limit, limit)
+        if self.max_model_len < 2:
+            raise ValueError(f"the KV cache holds {capacity} tokens: raise kv_cache_bytes or "
+                             f"num_kv_blocks")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            self.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def replace(self, **changes: object) -> "EngineConfig":
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        kwargs.update(changes)
+        return EngineConfig(**kwargs)

@@ -1,0 +1,86 @@
+"""From EngineCoreOutputs (token ids) to RequestOutputs (text) in the front end.
+
+Stop strings are found here, after detokenizing, so the processor tells its caller which
+requests to abort in the engine core. In vLLM: vllm/v1/engine/output_processor.py and
+vllm/outputs.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.messages import EngineCoreOutputs, FinishReason
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import Tokenizer
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class RequestState:
+    output: RequestOutput
+    detokenizer: IncrementalDetokenizer | None
+    params: SamplingParams
+    new_token_ids: list[int] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer else None
+        output = RequestOutput(request_id, prompt, prompt_token_ids,
+                               [CompletionOutput(0, "", [])])
+        self.request_states[request_id] = RequestState(output, detok, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the updated RequestOutputs and the ids to abort in the engine core."""
+        updated, to_abort = [], []
+        for out in outputs.outputs:
+            state = self.request_states.get(out.request_id)
+            if state is None:  # aborted here already
+                continue
+            completion, new_ids = state.output.outputs[0], out.new_token_ids.tolist()
+            completion.token_ids.extend(new_ids)
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            if state.detokenizer is not None:
+                stop = state.detokenizer.update(new_ids)
+                completion.text = state.detokenizer.output_text
+                if stop is not None and finish_reason is None:
+                    finish_reason, stop_reason = FinishReason.STOP, stop
+                    to_abort.append(out.request_id)
+            state.output.num_cached_tokens = out.num_cached_tokens
+            if finish_reason is not None:
+                completion.finish_reason, completion.stop_reason = str(finish_reason), stop_reason
+                state.output.finished = True
+                del self.request_states[out.request_id]
+            updated.append(state.output)
+        return updated, to_abort
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for req_id in request_ids:
+            self.request_states.pop(req_id, None)

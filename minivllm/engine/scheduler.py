@@ -1,0 +1,155 @@
+"""Continuous batching: which requests run this step, and how many tokens each.
+
+There is no prefill phase and decode phase, only a token budget per step (as in vLLM V1):
+running requests go first, one token each for a decode or the next chunk of a long prompt
+(chunked prefill); waiting requests fill what is left of the budget. When the KV cache runs out
+of blocks, the most recently admitted running request is preempted: its blocks are freed and it
+goes back to the front of the waiting queue, to be recomputed later (prefix caching usually
+gives most of it back). In vLLM: vllm/v1/core/sched/scheduler.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.kv_cache_manager import KVCacheManager
+from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.kv_cache_manager = KVCacheManager(config.num_kv_blocks, config.block_size,
+                                               config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: list[str] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:  # 1. running: decodes and prompt chunks
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv_cache_manager.allocate_slots(request, num_new):
+                victim = self.running.pop()  # the latest admitted goes back to waiting
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break
+        while (self.waiting and budget > 0 and not preempted  # 2. waiting: admit new ones
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            hits = self.kv_cache_manager.get_computed_blocks(request)
+            num_hit = len(hits) * self.config.block_size
+            num_new = request.num_tokens - num_hit
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv_cache_manager.allocate_slots(request, num_new, hits):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            scheduled.append((request, num_new))
+            budget -= num_new
+        return self._make_output(scheduled)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def _make_output(self, scheduled: list[tuple[Request, int]]) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        tables = [kv.get_block_ids(r.request_id) for r, _ in scheduled]
+        block_tables = np.zeros((len(scheduled), max(map(len, tables), default=0)), np.int32)
+        for row, table in zip(block_tables, tables):
+            row[:len(table)] = table
+        params = [r.sampling_params for r, _ in scheduled]
+        computed = np.array([r.num_computed_tokens for r, _ in scheduled], np.int32)
+        num_new = np.array([n for _, n in scheduled], np.int32)
+        tokens = [r.all_token_ids[c:c + n] for (r, n), c in zip(scheduled, computed.tolist())]
+        out = SchedulerOutput(
+            req_ids=[r.request_id for r, _ in scheduled],
+            num_scheduled_tokens=num_new, num_computed_tokens=computed,
+            input_token_ids=np.fromiter((t for ts in tokens for t in ts), np.int32, int(num_new.sum())),
+            block_tables=block_tables,
+            sample_rows=np.array([c + n == r.num_tokens for (r, n), c in zip(scheduled, computed)],
+                                 bool),
+            temperature=np.array([p.temperature for p in params], np.float32),
+            top_p=np.array([p.top_p for p in params], np.float32),
+            top_k=np.array([max(p.top_k, 0) for p in params], np.int32),
+            seeds=np.array([-1 if p.seed is None else p.seed for p in params], np.int64),
+            num_output_tokens=np.array([r.num_output_tokens for r, _ in scheduled], np.int32),
+            finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = []
+        for request, n in scheduled:
+            request.num_computed_tokens += n
+        return out
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs = []
+        for req_id, token in zip(runner_output.req_ids, runner_output.sampled_token_ids.tolist()):
+            request = self.requests.get(req_id)
+            if token < 0 or request is None or request.is_finished:
+                continue  # a prompt chunk that does not sample yet, or aborted during the step
+            request.append_output_token(token)
+            stopped = request.check_stop(self.config.max_model_len)
+            outputs.append(EngineCoreOutput(
+                req_id, np.array([token], np.int32), request.status.finish_reason,
+                request.stop_reason, max(request.num_cached_tokens, 0)))
+            if stopped:
+                self._free_request(request)
+        if any(r.is_finished for r in self.running):
+            self.running = [r for r in self.running if not r.is_finished]
+        finished = [o.request_id for o in outputs if o.finished]
+        return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
+                                 timestamp=time.monotonic())
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Abort (or stop from outside, e.g. on a stop string): free the blocks at once."""
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if request in self.waiting:
+                self.waiting.remove(request)
+            elif request in self.running:
+                self.running.remove(request)
+            request.status = status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.append(request.request_id)
+        del self.requests[request.request_id]

@@ -1,0 +1,1 @@
+"""Entry points: the offline `LLM` class now, the HTTP server in the capstone chapter."""

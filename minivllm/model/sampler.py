@@ -1,0 +1,50 @@
+"""Sampling a batch of logits: greedy, temperature, top-k, top-p and a per-request seed.
+
+Random rows draw by the exponential race (argmax of p / E with E ~ Exp(1) is a sample from p),
+as vLLM does, so one code path serves every row. A seeded request draws its noise from a
+generator seeded by (seed, number of tokens it has sampled so far): the result depends on
+neither the batch it ran in nor on a preemption, and the worker keeps no generator state.
+In vLLM: vllm/v1/sample/sampler.py and vllm/v1/sample/ops/topk_topp_sampler.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM's _SAMPLING_EPS)
+SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one generator seed
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+           top_k: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """logits (B, V) float32 -> token ids (B,) int64. seeds -1 means unseeded."""
+    greedy = logits.argmax(dim=-1)
+    random_rows = (temperature >= GREEDY_BELOW).nonzero().flatten()
+    if random_rows.numel() == 0:
+        return greedy
+    rows = logits[random_rows] / temperature[random_rows, None]
+    probs, order = _top_k_top_p(rows, top_k[random_rows], top_p[random_rows])
+    noise = torch.empty_like(probs).exponential_()
+    for j, i in enumerate(random_rows.tolist()):
+        if seeds[i] >= 0:
+            g = torch.Generator().manual_seed(int(seeds[i]) * SEED_STRIDE + int(steps[i]))
+            noise[j].exponential_(generator=g)
+    picked = (probs / noise).argmax(dim=-1)
+    greedy[random_rows] = order.gather(1, picked[:, None]).squeeze(1)
+    return greedy
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities in descending order with the tail masked, and the order (token ids)."""
+    vocab = logits.shape[-1]
+    if bool((top_k <= 0).all()) and bool((top_p >= 1).all()):
+        return torch.softmax(logits, dim=-1), torch.arange(vocab).expand(logits.shape[0], vocab)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab)[None, :]
+    k = torch.where(top_k > 0, top_k, vocab)[:, None]
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above this one
+    probs = probs.masked_fill(before >= top_p[:, None], 0.0)  # the top token always stays
+    return probs, order

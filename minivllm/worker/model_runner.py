@@ -1,0 +1,77 @@
+"""Turn a SchedulerOutput into one forward pass and a sampled token per finishing row.
+
+Rows with one query token (decodes) are moved to the front, so that attention can treat them
+as one batch; the sampled tokens are mapped back to the scheduler's row order at the end.
+In vLLM: vllm/v1/worker/gpu_model_runner.py (_prepare_inputs, execute_model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.model.attention import AttentionMetadata, PrefillChunk, decode_bias
+from minivllm.model.llama import LlamaModel
+from minivllm.model.loader import load_weights
+from minivllm.model.sampler import sample
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.model: LlamaModel | None = None
+        self.kv_caches: list[torch.Tensor] = []
+
+    def load_model(self) -> None:
+        weights = load_weights(self.config.model, self.config.model_config)
+        self.model = LlamaModel(self.config.model_config, weights, self.config.torch_dtype)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        num_rows = len(so.req_ids)
+        q_lens = so.num_scheduled_tokens.astype(np.int64)
+        order = np.argsort(q_lens != 1, kind="stable")  # decodes first
+        starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+        q_lens, computed = q_lens[order], so.num_computed_tokens[order].astype(np.int64)
+        tables = so.block_tables[order].astype(np.int64)
+        token_idx = (np.arange(so.input_token_ids.size) if (order == np.arange(num_rows)).all()
+                     else np.concatenate([np.arange(s, s + n) for s, n in zip(starts[order], q_lens)]))
+        new_starts = np.concatenate([[0], np.cumsum(q_lens)])
+        row_of_token = np.repeat(np.arange(num_rows), q_lens)
+        positions = np.arange(new_starts[-1]) - new_starts[row_of_token] + computed[row_of_token]
+        slots = tables[row_of_token, positions // self.block_size] * self.block_size \
+            + positions % self.block_size
+        meta = self._attention_metadata(q_lens, computed, tables, new_starts, slots)
+        hidden = self.model.forward(torch.from_numpy(so.input_token_ids[token_idx].astype(np.int64)),
+                                    torch.from_numpy(positions), self.kv_caches, meta)
+        rows = np.flatnonzero(so.sample_rows[order])
+        sampled = np.full(num_rows, -1, np.int32)
+        if rows.size:
+            logits = self.model.compute_logits(hidden[torch.from_numpy(new_starts[rows + 1] - 1)])
+            orig = order[rows]
+            tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
+                so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
+            sampled[orig] = tokens.numpy()
+        return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
+
+    def _attention_metadata(self, q_lens: np.ndarray, computed: np.ndarray, tables: np.ndarray,
+                            starts: np.ndarray, slots: np.ndarray) -> AttentionMetadata:
+        bs = self.block_size
+        seq_lens = computed + q_lens
+        num_decodes = int((q_lens == 1).sum())
+        meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots), num_decodes=num_decodes)
+        if num_decodes:
+            max_blocks = int(-(-seq_lens[:num_decodes].max() // bs))
+            meta.decode_block_tables = torch.from_numpy(tables[:num_decodes, :max_blocks])
+            meta.decode_bias = decode_bias(torch.from_numpy(seq_lens[:num_decodes]),
+                                           max_blocks * bs, self.model.dtype)
+        for row in range(num_decodes, len(q_lens)):
+            ctx = int(seq_lens[row])
+            meta.prefills.append(PrefillChunk(int(starts[row]), int(starts[row + 1]), ctx,
+                                              torch.from_numpy(tables[row, :-(-ctx // bs)])))
+        return meta
