@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.attention import AttentionMetadata, paged_attention
+from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 
 
@@ -103,6 +103,19 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return (hidden @ self.lm_head).float()
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
+        """Logits (n, vocab) at every position of one sequence, in one prefill on a scratch
+        cache: what tests use to find near-ties and to compare against a reference."""
+        n = len(token_ids)
+        num_blocks = -(-n // block_size)
+        positions = torch.arange(n)
+        meta = AttentionMetadata(slot_mapping=positions, prefills=[
+            PrefillChunk(0, n, n, torch.arange(num_blocks))])
+        hidden = self.forward(torch.tensor(token_ids), positions,
+                              self.allocate_kv_cache(num_blocks, block_size), meta)
+        return self.compute_logits(hidden)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c = self.config

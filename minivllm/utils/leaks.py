@@ -114,7 +114,7 @@ class Snapshot:
     def leaks(self, settle: float = 3.0, extra_processes: list[psutil.Process] = ()) -> Leaks:
         """Wait up to `settle` s for children to exit by themselves, then report and clean."""
         deadline = time.monotonic() + settle
-        procs = self._new_children() + list(extra_processes)
+        procs = [p for p in self._new_children() + list(extra_processes) if _alive(p)]
         while procs and time.monotonic() < deadline:
             time.sleep(0.05)
             procs = [p for p in procs if _alive(p)]

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The judge for practice/ exercises.
+
+    python judge.py                 list the exercises and your progress
+    python judge.py 213             grade your practice/213_*/ starter file
+    python judge.py 213 --solution  grade the reference answer in solutions/
+    python judge.py 213 --hint      show the hint
+    python judge.py 213 --watch     regrade on every save
+    python judge.py 213 --json out.json
+    python judge.py 213 --check     (authors) solution passes, starter and variants fail
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from minivllm.judge import exercise, report, runner, selfcheck  # noqa: E402
+
+import os  # noqa: E402
+
+# Your progress; MINIVLLM_JUDGE_PROGRESS points elsewhere (the test suite uses that).
+PROGRESS = Path(os.environ.get("MINIVLLM_JUDGE_PROGRESS",
+                               Path(__file__).resolve().parent / ".judge_progress.json"))
+WATCH_POLL_S = 0.5
+
+
+def load_progress() -> dict:
+    try:
+        return json.loads(PROGRESS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_progress(number: str, passed: bool) -> None:
+    progress = load_progress()
+    progress[number] = "passed" if passed else "failing"
+    PROGRESS.write_text(json.dumps(progress, indent=1, sort_keys=True))
+
+
+def list_exercises() -> int:
+    progress = load_progress()
+    rows = exercise.all_exercises()
+    print(f"{'#':<4} {'chapter':<8} {'status':<10} title")
+    for ex in rows:
+        status = progress.get(ex.number, "not tried")
+        need = f"  [needs {', '.join(ex.requires)}]" if ex.requires else ""
+        print(f"{ex.number:<4} {ex.chapter:<8} {status:<10} {ex.title}{need}")
+    done = sum(progress.get(ex.number) == "passed" for ex in rows)
+    print(f"\n{done} of {len(rows)} passed. Grade one with: python judge.py NNN")
+    return 0
+
+
+def grade_once(ex: exercise.Exercise, path: Path, args) -> bool:
+    g = runner.grade(ex, path)
+    print(report.format_grade(g))
+    if args.json:
+        Path(args.json).write_text(json.dumps(g.to_json(), indent=2))
+    if not args.solution and not args.file:
+        save_progress(ex.number, g.passed)
+    return g.passed
+
+
+def watch(ex: exercise.Exercise, path: Path, args) -> int:
+    print(f"watching {path}; save it to regrade, Ctrl-C to stop\n")
+    last = None
+    try:
+        while True:
+            stamp = path.stat().st_mtime_ns
+            if stamp != last:
+                last = stamp
+                print("\033[2J\033[H" if sys.stdout.isatty() else "", end="")
+                grade_once(ex, path, args)
+            time.sleep(WATCH_POLL_S)
+    except KeyboardInterrupt:
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Grade the practice/ exercises.")
+    parser.add_argument("number", nargs="?", help="exercise number, e.g. 213")
+    parser.add_argument("--solution", action="store_true", help="grade the reference solution")
+    parser.add_argument("--file", help="grade this file instead of the starter")
+    parser.add_argument("--hint", action="store_true", help="print the hint")
+    parser.add_argument("--watch", action="store_true", help="regrade on every save")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="authors: the solution passes, the starter and every variant fail")
+    args = parser.parse_args(argv)
+    if args.number is None:
+        return list_exercises()
+    ex = exercise.find(args.number)
+    if args.hint:
+        print(ex.hint())
+        return 0
+    if args.check:
+        print(f"self-check of exercise {ex.number}: {ex.title}")
+        return 1 if selfcheck.check_all(ex) else 0
+    path = Path(args.file) if args.file else ex.solution if args.solution else ex.starter
+    if args.watch:
+        return watch(ex, path, args)
+    return 0 if grade_once(ex, path, args) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""What an exercise's tests.py uses: the @test decorator and the Fail exception.
+
+A test is a function taking the learner's module. It raises Fail with what was expected,
+what happened and on which input; anything else it raises is reported as an error in the
+learner's code. Tests run in the order they are defined, each in its own child process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_MISSING = object()
+REGISTRY: list["TestSpec"] = []
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass
+class TestSpec:
+    name: str
+    fn: Callable[[Any], None]
+    input: str = ""
+    timeout: float = DEFAULT_TIMEOUT_S
+    hang: str = ""  # what a hang in this test usually means
+    requires: tuple[str, ...] = field(default_factory=tuple)
+
+
+def test(*, input: str = "", timeout: float = DEFAULT_TIMEOUT_S, hang: str = "",
+         requires: tuple[str, ...] = ()):
+    """Register a test; its name is the function's name."""
+    def register(fn):
+        REGISTRY.append(TestSpec(fn.__name__, fn, input, timeout, hang, tuple(requires)))
+        return fn
+    return register
+
+
+class Fail(AssertionError):
+    """A wrong result: expected vs got, on an input."""
+
+    def __init__(self, message: str, *, expected: Any = _MISSING, got: Any = _MISSING,
+                 input: str | None = None, detail: str = ""):
+        super().__init__(message)
+        self.message, self.input, self.detail = message, input, detail
+        self.expected = None if expected is _MISSING else _show(expected)
+        self.got = None if got is _MISSING else _show(got)
+
+
+def check_equal(got: Any, expected: Any, what: str, input: str | None = None) -> None:
+    if got != expected:
+        raise Fail(f"{what} is wrong", expected=expected, got=got, input=input)
+
+
+def _show(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"

@@ -1,0 +1,75 @@
+"""Runs one test of an exercise in this (child) process and writes its result as JSON.
+
+    python -m minivllm.judge.child TESTS_PY IMPL_DIR MODULE TEST_NAME RESULT_JSON
+
+IMPL_DIR holds the code under test as MODULE.py and is on sys.path (and PYTHONPATH), so
+that processes the learner's code spawns can import it by name too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import time
+import traceback
+
+from minivllm.judge import api
+
+
+def load_tests(tests_path: str):
+    spec = importlib.util.spec_from_file_location("exercise_tests", tests_path)
+    module = importlib.util.module_from_spec(spec)
+    api.REGISTRY.clear()
+    spec.loader.exec_module(module)
+    return module, list(api.REGISTRY)
+
+
+def _learner_frame(tb, impl_dir: str) -> str:
+    frames = [f for f in traceback.extract_tb(tb) if f.filename.startswith(impl_dir)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.name}() at line {f.lineno}: {f.line}"
+
+
+def run(tests_path: str, impl_dir: str, module_name: str, test_name: str) -> dict:
+    sys.path.insert(0, impl_dir)
+    _, specs = load_tests(tests_path)
+    spec = next(s for s in specs if s.name == test_name)
+    start = time.perf_counter()
+    result = {"name": test_name, "status": "pass", "message": "", "input": spec.input}
+    try:
+        impl = importlib.import_module(module_name)
+        spec.fn(impl)
+    except api.Fail as exc:
+        result.update(status="fail", message=exc.message, expected=exc.expected, got=exc.got,
+                      detail=exc.detail)
+        if exc.input is not None:
+            result["input"] = exc.input
+    except NotImplementedError:
+        where = _learner_frame(sys.exc_info()[2], impl_dir)
+        result.update(status="fail", kind="todo",
+                      message=f"not implemented yet: {where or 'a TODO'} raises NotImplementedError")
+    except BaseException as exc:  # the learner's code crashed: show where
+        where = _learner_frame(exc.__traceback__, impl_dir)
+        tb = "".join(traceback.format_exception(exc, limit=-4))
+        result.update(status="fail", kind="error",
+                      message=f"your code raised {type(exc).__name__}: {exc}"
+                              + (f"\n  in {where}" if where else ""), detail=tb)
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    tests_path, impl_dir, module_name, test_name, out = argv
+    result = run(tests_path, impl_dir, module_name, test_name)
+    with open(out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""The judge's own machinery, on small exercises made here: time limits, the sweep for leftovers,
+capabilities, and the command line on exercise 213."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from minivllm.judge import exercise
+from minivllm.judge.exercise import Exercise
+from minivllm.judge.runner import grade
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TESTS = '''
+from minivllm.judge.api import Fail, test
+
+@test(input="a learner function that never returns", timeout=3, hang="it spins forever")
+def hangs(impl):
+    impl.hang()
+
+@test(input="leaves things behind")
+def leaks(impl):
+    impl.leak()
+
+@test(requires=("no-such-capability",))
+def needs_capability(impl):
+    raise Fail("must never run")
+'''
+
+LEARNER = '''
+import os, socket, subprocess, sys, tempfile, time
+from multiprocessing import shared_memory
+
+def hang():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    while True:
+        time.sleep(0.01)
+
+def leak():
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    shm.close()
+    from multiprocessing import resource_tracker
+    resource_tracker.unregister(shm._name, "shared_memory")  # so that only the judge can find it
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.path.join(tempfile.mkdtemp(), "left.sock"))
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+'''
+
+
+def make_exercise(tmp_path: Path, requires=()) -> Exercise:
+    (tmp_path / "tests.py").write_text(textwrap.dedent(TESTS))
+    (tmp_path / "learner.py").write_text(textwrap.dedent(LEARNER))
+    return Exercise("999", tmp_path, "judge self-test", "00", "learner.py", tuple(requires))
+
+
+def by_name(g):
+    return {r["name"]: r for r in g.results}
+
+
+def test_timeout_kills_the_group_and_explains(tmp_path):
+    ex = make_exercise(tmp_path)
+    results = by_name(grade(ex, ex.starter, stop_at_first_failure=False))
+    hang = results["hangs"]
+    assert hang["status"] == "fail" and hang["kind"] == "timeout"
+    assert "timed out after 3 s" in hang["message"] and "it spins forever" in hang["message"]
+
+
+def test_leftovers_are_removed_and_reported(tmp_path):
+    ex = make_exercise(tmp_path)
+    leak = by_name(grade(ex, ex.starter, stop_at_first_failure=False))["leaks"]
+    assert leak["status"] == "fail" and leak["kind"] == "leak"
+    assert "left a shared-memory segment" in leak["message"]
+    assert "left an ipc socket file" in leak["message"]
+    assert "left a process running" in leak["message"]  # it escaped the group with setsid
+
+
+def test_missing_capability_is_skip_never_pass(tmp_path):
+    ex = make_exercise(tmp_path)
+    g = grade(ex, ex.starter, stop_at_first_failure=False)
+    assert by_name(g)["needs_capability"]["status"] == "skip"
+    ex_all = make_exercise(tmp_path, requires=("no-such-capability",))
+    g_all = grade(ex_all, ex_all.starter)
+    assert {r["status"] for r in g_all.results} == {"skip"} and not g_all.passed
+
+
+def run_judge(*args, progress_dir=None):
+    env = dict(os.environ, MINIVLLM_JUDGE_PROGRESS=str(Path(progress_dir or "/nonexistent") / "p.json"))
+    return subprocess.run([sys.executable, "judge.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_cli_lists_and_grades_213(tmp_path):
+    listing = run_judge()
+    assert listing.returncode == 0 and "213" in listing.stdout and "Shared-memory" in listing.stdout
+    starter = run_judge("213", "--json", str(tmp_path / "r.json"), progress_dir=tmp_path)
+    assert json.loads((tmp_path / "p.json").read_text()) == {"213": "failing"}
+    assert starter.returncode != 0 and "not implemented yet" in starter.stdout
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["passed"] is False and record["tests"][0]["status"] == "fail"
+    assert run_judge("213", "--hint").stdout.strip()
+
+
+def test_flag_order_bug_prints_the_breaking_schedule(tmp_path):
+    ex = exercise.find("213")
+    variant = next(v for v in ex.variants() if "before the read flags" in v.name)
+    wrong = tmp_path / "ring_buffer.py"
+    wrong.write_text(variant.apply(ex.solution.read_text()))
+    out = run_judge("213", "--file", str(wrong))
+    assert out.returncode == 1
+    assert "The schedule that breaks it, step by step" in out.stdout
+    assert "store buf[16] = 1   (chunk 0 written flag)" in out.stdout
+    assert "received b'm0' as message 2" in out.stdout
