@@ -1,0 +1,129 @@
+"""The scheduler's policy, driven step by step. The model is replaced by a fixed answer
+(`runner_output`): the scheduler is what is under test, and a sampled token is its input."""
+
+import numpy as np
+import pytest
+from tiny_model import make_tiny_model_dir
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.scheduler_output import ModelRunnerOutput
+from minivllm.sampling_params import SamplingParams
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
+
+
+def make(tiny_dir, **kw):
+    kw.setdefault("block_size", 4)
+    return Scheduler(EngineConfig(model=tiny_dir, **kw))
+
+
+def add(s, rid, n, **params):
+    params.setdefault("max_tokens", 100)
+    base = 10 + 50 * (ord(rid) - ord("a"))  # distinct prompts: no prefix-cache hits
+    r = Request(rid, np.arange(base, base + n, dtype=np.int32), SamplingParams(**params), EOS,
+                s.config.block_size)
+    s.add_request(r)
+    return r
+
+
+def step(s, token=7):
+    so = s.schedule()
+    sampled = np.where(so.sample_rows, token, -1).astype(np.int32)
+    out = s.update_from_output(so, ModelRunnerOutput(so.req_ids, sampled))
+    return so, out
+
+
+def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget(tiny_dir):
+    s = make(tiny_dir, max_num_batched_tokens=16)
+    r = add(s, "a", 40)
+    chunks = []
+    for _ in range(3):
+        so, out = step(s)
+        chunks.append(int(so.num_scheduled_tokens[0]))
+        assert so.input_token_ids.tolist() == r.all_token_ids[sum(chunks[:-1]):sum(chunks)]
+    assert chunks == [16, 16, 8]
+    assert len(r.output_token_ids) == 1  # only the last chunk samples
+    so, _ = step(s)
+    assert so.num_scheduled_tokens.tolist() == [1] and so.num_computed_tokens.tolist() == [40]
+
+
+def test_new_requests_join_the_running_batch(tiny_dir):
+    s = make(tiny_dir, max_num_batched_tokens=64)
+    add(s, "a", 5)
+    step(s)
+    add(s, "b", 9)
+    so, _ = step(s)
+    assert so.req_ids == ["a", "b"] and so.num_scheduled_tokens.tolist() == [1, 9]
+
+
+def test_chunk_fills_what_the_decodes_leave_of_the_budget(tiny_dir):
+    s = make(tiny_dir, max_num_batched_tokens=10)
+    add(s, "a", 5)
+    add(s, "b", 5)
+    step(s)  # a: 5, b: 5
+    add(s, "c", 30)
+    so, _ = step(s)
+    assert so.num_scheduled_tokens.tolist() == [1, 1, 8] and not so.sample_rows[2]
+
+
+def test_max_num_seqs_caps_the_batch(tiny_dir):
+    s = make(tiny_dir, max_num_seqs=2)
+    for rid in "abc":
+        add(s, rid, 3)
+    so, _ = step(s)
+    assert so.req_ids == ["a", "b"]
+
+
+def test_preemption_frees_blocks_and_recomputes_later(tiny_dir):
+    s = make(tiny_dir, num_kv_blocks=6, enable_prefix_caching=False)  # 24 token slots
+    a, b = add(s, "a", 8), add(s, "b", 8)
+    seen_preempted = False
+    for _ in range(30):
+        so, _ = step(s)
+        seen_preempted |= b.status == RequestStatus.PREEMPTED
+        if seen_preempted and "b" in so.req_ids:
+            break
+    assert s.num_preemptions >= 1 and seen_preempted
+    i = so.req_ids.index("b")  # b resumes: prompt and outputs so far are recomputed
+    assert so.num_computed_tokens[i] == 0 and so.sample_rows[i]
+    assert so.num_scheduled_tokens[i] == b.num_tokens - 1  # then it sampled one more
+    assert a.num_output_tokens > b.num_output_tokens  # the later request was the victim
+
+
+@pytest.mark.parametrize("params,token,reason", [
+    ({}, EOS, "stop"),
+    ({"ignore_eos": True, "max_tokens": 3}, EOS, "length"),
+    ({"stop_token_ids": [7]}, 7, "stop"),
+    ({"max_tokens": 3}, 7, "length"),
+])
+def test_stop_conditions_finish_and_free(tiny_dir, params, token, reason):
+    s = make(tiny_dir)
+    r = add(s, "a", 5, **params)
+    for _ in range(5):
+        _, out = step(s, token)
+        if out.finished_requests:
+            break
+    assert out.finished_requests == ["a"] and str(out.outputs[0].finish_reason) == reason
+    assert r.num_output_tokens == (3 if reason == "length" else 1)
+    assert s.kv_cache_manager.num_free_blocks == s.config.num_kv_blocks
+    assert not s.has_unfinished_requests()
+    if params.get("stop_token_ids"):
+        assert out.outputs[0].stop_reason == 7
+
+
+def test_abort_frees_blocks(tiny_dir):
+    s = make(tiny_dir)
+    add(s, "a", 9)
+    add(s, "b", 9)
+    step(s)
+    s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert not s.has_unfinished_requests()
+    assert s.kv_cache_manager.num_free_blocks == s.config.num_kv_blocks
+    assert s.schedule().finished_req_ids == ["a", "b"]
