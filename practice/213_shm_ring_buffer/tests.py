@@ -197,23 +197,23 @@ def processes(ring):
         for k, m in enumerate(_messages(n, count, b - 4)):
             deadline = time.monotonic() + PROCESS_WAIT_S
             while not writer.try_write(m):
-                if time.monotonic() > deadline:
-                    lost = k
+                if time.monotonic() > deadline or any(conn.poll() for conn, _ in pipes):
+                    lost = k  # timed out, or a reader stopped early to report a problem
                     break
                 os.sched_yield()
             if lost is not None:
                 break
         reports = [conn.recv() if conn.poll(PROCESS_WAIT_S + 2) else "no report" for conn, _ in pipes]
+        problems = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
         for p in procs:
             p.join(5)
         owner.close()
         owner.unlink()
         where = f"{n} reader process(es), {count} messages"
+        for r, rep in problems:
+            k, got, want = rep if rep != "no report" else ("?", "no report", "a report")
+            raise Fail(f"reader {r} got a wrong message {k}", expected=want, got=got, input=where)
         if lost is not None:
             raise Fail(f"timed out: the writer waited {PROCESS_WAIT_S:g} s for chunk "
                        f"{lost % c} to be read by every reader (message {lost}). A reader never "
                        "set its read flag, or the writer reads the wrong flags.", input=where)
-        for r, rep in enumerate(reports):
-            if rep is not None:
-                k, got, want = rep if rep != "no report" else ("?", "no report", "a report")
-                raise Fail(f"reader {r} got a wrong message {k}", expected=want, got=got, input=where)
