@@ -173,7 +173,7 @@ def _reader_process(module_name, name, r, n, c, b, seed, count, conn):
             os.sched_yield()
             m = rd.try_read()
         if m != expected[k]:
-            problem = (k, "nothing (timed out)" if m is None else repr(m[:16]), repr(expected[k][:16]))
+            problem = (k, "nothing (timed out)" if m is None else m, expected[k])
             break
     shm_ring.close()
     conn.send(problem)
@@ -205,6 +205,7 @@ def processes(ring):
                 break
         reports = [conn.recv() if conn.poll(PROCESS_WAIT_S + 2) else "no report" for conn, _ in pipes]
         problems = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+        problems.sort(key=lambda p: p[1] == "no report" or p[1][1] == "nothing (timed out)")
         for p in procs:
             p.join(5)
         owner.close()
