@@ -25,13 +25,15 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0  # the window [prefix_offset, read_offset) is already emitted
         self.read_offset = 0
 
-    def update(self, new_token_ids: list[int]) -> str | None:
+    def update(self, new_token_ids: list[int], finished: bool = False) -> str | None:
         """Add tokens; return the stop string if the text now contains one (the text is cut
-        before it), else None."""
+        before it), else None. When `finished`, bytes still waiting are emitted as they are."""
         start = len(self.output_text)
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
             self.output_text += self._next_text()
+        if finished and self.read_offset < len(self.token_ids):
+            self.output_text += self._next_text(flush=True)
         if not self.stop:
             return None
         longest = max(map(len, self.stop))
@@ -43,12 +45,12 @@ class IncrementalDetokenizer:
                 return stop
         return None
 
-    def _next_text(self) -> str:
+    def _next_text(self, flush: bool = False) -> str:
         decode = self.tokenizer.decode
         ids, skip = self.token_ids, self.skip_special_tokens
         prefix = decode(ids[self.prefix_offset:self.read_offset], skip)
         text = decode(ids[self.prefix_offset:], skip)
-        if len(text) <= len(prefix) or text.endswith(REPLACEMENT_CHAR):
+        if len(text) <= len(prefix) or (text.endswith(REPLACEMENT_CHAR) and not flush):
             return ""  # an incomplete character: wait for the next token
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         return text[len(prefix):]

@@ -68,7 +68,7 @@ class OutputProcessor:
             completion.token_ids.extend(new_ids)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if state.detokenizer is not None:
-                stop = state.detokenizer.update(new_ids)
+                stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
                 completion.text = state.detokenizer.output_text
                 if stop is not None and finish_reason is None:
                     finish_reason, stop_reason = FinishReason.STOP, stop

@@ -1,0 +1,64 @@
+"""The tokenizer and chat template rebuilt from SmolLM2's GGUF metadata, and incremental
+detokenization of multi-byte characters."""
+
+import pytest
+
+from minivllm.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minivllm.model.loader import default_model_path
+from minivllm.tokenizer import Tokenizer
+
+TEXTS = ["héllo wörld, naïve café", "東京タワー 🤗🚀 emoji", "a 👩‍👩‍👧 family", "x = 12345;\n\ty"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_path(default_model_path())
+
+
+def test_special_tokens_are_single_ids(tok):
+    assert tok.encode("<|im_start|>user<|im_end|>") == [1, 4093, 2]
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert tok.decode([1, 4093, 2]) == "user"  # special tokens skipped
+    assert tok.decode([1, 4093, 2], skip_special_tokens=False) == "<|im_start|>user<|im_end|>"
+
+
+def test_known_ids_and_digits_split_one_by_one(tok):
+    assert tok.encode("The capital of France is Paris.") == [504, 3575, 282, 4649, 314, 7042, 30]
+    assert tok.convert_ids_to_tokens(tok.encode("2024")) == ["2", "0", "2", "4"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_chat_template_from_gguf(tok):
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_incremental_detokenization_never_splits_a_character(tok, text):
+    ids = tok.encode(text)
+    if "🤗" in text or "👩" in text:  # these characters really are split across tokens
+        assert any(REPLACEMENT_CHAR in tok.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tok)
+    pieces = []
+    for i in ids:
+        before = detok.output_text
+        detok.update([i])
+        pieces.append(detok.output_text[len(before):])
+    assert "".join(pieces) == text
+    assert not any(REPLACEMENT_CHAR in p for p in pieces)
+
+
+def test_stop_string_across_tokens(tok):
+    ids = tok.encode("The capital of France is Paris. Rome")
+    detok = IncrementalDetokenizer(tok, stop=["is Par"])
+    for hit, i in enumerate(ids):
+        if stop := detok.update([i]):
+            break
+    assert stop == "is Par" and detok.output_text == "The capital of France "
+    assert tok.decode(ids[:hit + 1]).endswith("Paris")  # found on the token that completed it
