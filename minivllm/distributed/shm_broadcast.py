@@ -1,0 +1,323 @@
+"""MessageQueue: one writer broadcasts objects to N readers through a shared-memory ring.
+
+The executor's shape (vLLM's MultiprocExecutor, chapter 08): the engine core's executor
+writes every step once, and each of the N workers reads it; each worker replies on its own
+MessageQueue with one reader. Readers on this node read the ring (ShmRingBuffer); readers
+on other nodes (n_reader - n_local_reader of them) get every message over tcp PUB/SUB.
+
+A chunk holds one message, as MsgpackEncoder's frames (minivllm/serial.py):
+
+    byte 0           1 = overflow: the frames went to the XPUB socket instead
+    bytes 1..2       frame count n, u16 little-endian
+    bytes 3..3+4n    the length of each frame, u32 little-endian
+    then             the frames, back to back
+
+A message whose frames do not fit one chunk overflows: the chunk carries only byte 0 = 1,
+which keeps its place in the order, and the frames follow on the XPUB socket that every
+local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broadcast.py
+(0.33.0): MessageQueue :495, enqueue :912, dequeue :980, wait_until_ready :688.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from minivllm.distributed.shm_ring import ShmRingBuffer
+from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
+from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+
+OVERFLOW = 1
+_COUNT = struct.Struct("<BH")  # overflow byte, frame count
+_LEN = "<{}I"
+MAX_FRAMES = 0xFFFF  # the u16 frame count
+# A writer that finds the ring full spins this long, then sleeps with a growing pause:
+# readers drain a chunk in microseconds, so a long wait means a stalled (or dead) reader.
+WRITER_SPIN_S = 0.05
+WRITER_MAX_SLEEP_S = 0.001
+# close() waits at most this long for overflow frames still queued to live readers.
+CLOSE_LINGER_MS = 1000
+READY = b"READY"
+
+
+class QueueShutdown(RuntimeError):
+    """dequeue() or enqueue() was interrupted by shutdown()."""
+
+
+@dataclass
+class Handle:
+    """Everything a reader process needs to attach; picklable, small."""
+    local_reader_ranks: list[int] = field(default_factory=list)
+    buffer_handle: tuple[int, int, int, str] | None = None
+    local_subscribe_addr: str | None = None
+    local_notify_addr: str | None = None
+    remote_subscribe_addr: str | None = None
+    busy_loop_s: float = BUSY_LOOP_S
+
+
+def ipc_address(tag: str) -> str:
+    """A fresh ipc:// endpoint in the temp dir; libzmq unlinks the file when the binder closes."""
+    return f"ipc://{tempfile.gettempdir()}/minivllm-{tag}-{uuid.uuid4().hex[:12]}"
+
+
+class MessageQueue:
+    """Writer side: MessageQueue(...). Reader side: MessageQueue.create_from_handle(h, rank)."""
+
+    def __init__(self, n_reader: int, n_local_reader: int, max_chunk_bytes: int = 1 << 20,
+                 max_chunks: int = 10, connect_ip: str | None = None, *,
+                 busy_loop_s: float = BUSY_LOOP_S, encoder: MsgpackEncoder | None = None):
+        if not 0 <= n_local_reader <= n_reader or n_reader < 1:
+            raise ValueError(f"need 0 <= n_local_reader <= n_reader and n_reader >= 1, got "
+                             f"n_reader={n_reader}, n_local_reader={n_local_reader}")
+        self._init_common(is_writer=True)
+        self.n_local_reader, self.n_remote_reader = n_local_reader, n_reader - n_local_reader
+        self.encoder = encoder or MsgpackEncoder()
+        handle = Handle(local_reader_ranks=list(range(n_local_reader)), busy_loop_s=busy_loop_s)
+        if n_local_reader:
+            self.buffer = ShmRingBuffer(n_local_reader, max_chunk_bytes, max_chunks)
+            handle.buffer_handle = self.buffer.handle()
+            handle.local_subscribe_addr = ipc_address("mq")
+            handle.local_notify_addr = ipc_address("notify")
+            self.local_socket = self._xpub(handle.local_subscribe_addr)
+            self.notify_socket = notify_socket(self.context, handle.local_notify_addr)
+            self._sockets += [self.local_socket, self.notify_socket]
+        if self.n_remote_reader:
+            self.remote_socket = self._xpub(f"tcp://{connect_ip or '127.0.0.1'}:0")
+            handle.remote_subscribe_addr = self.remote_socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self._sockets.append(self.remote_socket)
+        self.handle = handle
+        self._arm_finalizer()
+
+    @staticmethod
+    def create_from_handle(handle: Handle, rank: int,
+                           decoder: MsgpackDecoder | None = None) -> "MessageQueue":
+        """Attach as reader `rank`: local if rank is in handle.local_reader_ranks, else remote."""
+        self = MessageQueue.__new__(MessageQueue)
+        self._init_common(is_writer=False)
+        self.handle, self.decoder = handle, decoder or MsgpackDecoder()
+        if rank in handle.local_reader_ranks:
+            self.local_reader_rank = handle.local_reader_ranks.index(rank)
+            self.buffer = ShmRingBuffer(*handle.buffer_handle)
+            self.local_socket = self._sub(handle.local_subscribe_addr)
+            self.spin = SpinCondition(self.context, handle.local_notify_addr, handle.busy_loop_s)
+            self._sockets += [self.local_socket, *self.spin.sockets()]
+        else:
+            self.remote_socket = self._sub(handle.remote_subscribe_addr)
+            self._sockets.append(self.remote_socket)
+        self._arm_finalizer()
+        return self
+
+    def _init_common(self, is_writer: bool) -> None:
+        self.is_writer, self.shutting_down = is_writer, False
+        self.context = zmq.Context()
+        self._sockets: list[zmq.Socket] = []
+        self.buffer: ShmRingBuffer | None = None
+        self.local_socket = self.remote_socket = self.notify_socket = None
+        self.spin: SpinCondition | None = None
+        self.local_reader_rank, self.current_idx = -1, 0
+
+    def _xpub(self, address: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.XPUB)
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, not only the first
+        sock.setsockopt(zmq.SNDHWM, 0)  # never drop: the ring bounds what is in flight
+        sock.bind(address)
+        return sock
+
+    def _sub(self, address: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(address)
+        return sock
+
+    def _arm_finalizer(self) -> None:
+        self._finalizer = weakref.finalize(self, _close, self.context, list(self._sockets),
+                                           self.buffer, os.getpid(), 0)
+
+    def export_handle(self) -> Handle:
+        return self.handle
+
+    # --- readiness -----------------------------------------------------------------------
+    def wait_until_ready(self, timeout: float | None = 60.0) -> None:
+        """Collective: the writer and every reader call it. The writer counts subscriptions
+        through its XPUB sockets, then sends READY, which the readers wait for."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.is_writer:
+            for sock, n in [(self.local_socket, self.n_local_reader),
+                            (self.notify_socket, self.n_local_reader),
+                            (self.remote_socket, self.n_remote_reader)]:
+                if sock is not None and n:
+                    self._count_subscriptions(sock, n, deadline)
+            for sock in (self.local_socket, self.remote_socket):
+                if sock is not None:
+                    sock.send(READY)
+        else:
+            sock = self.local_socket or self.remote_socket
+            frames = self._recv(sock, deadline, f"READY from the writer on {_endpoint(sock)}")
+            if bytes(frames[0]) != READY:
+                raise RuntimeError(f"expected READY from the writer, got {bytes(frames[0])[:32]!r}")
+
+    def _count_subscriptions(self, sock: zmq.Socket, n: int, deadline: float | None) -> None:
+        seen = 0
+        while seen < n:
+            what = f"{n} reader subscriptions on {_endpoint(sock)} (got {seen})"
+            msg = self._recv(sock, deadline, what)[0]
+            seen += bytes(msg)[:1] == b"\x01"  # \x01 subscribe, \x00 unsubscribe
+
+    # --- writer --------------------------------------------------------------------------
+    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+        """Broadcast obj to every reader; wait at most timeout s for a free chunk."""
+        if not self.is_writer:
+            raise RuntimeError("only the writer enqueues; readers call dequeue()")
+        frames = [_bytes_view(f) for f in self.encoder.encode(obj)]
+        if self.buffer is not None:
+            self._write_local(frames, timeout)
+        if self.remote_socket is not None:
+            self.remote_socket.send_multipart(frames, copy=False)
+
+    def _write_local(self, frames: list[memoryview], timeout: float | None) -> None:
+        header = _COUNT.size + 4 * len(frames)
+        total = header + sum(f.nbytes for f in frames)
+        overflow = total > self.buffer.max_chunk_bytes or len(frames) > MAX_FRAMES
+        idx = self._acquire_write(timeout)
+        chunk = self.buffer.begin_write(idx)
+        if overflow:
+            chunk[0] = OVERFLOW
+        else:
+            _COUNT.pack_into(chunk, 0, 0, len(frames))
+            struct.pack_into(_LEN.format(len(frames)), chunk, _COUNT.size, *(f.nbytes for f in frames))
+            offset = header
+            for f in frames:
+                chunk[offset:offset + f.nbytes] = f
+                offset += f.nbytes
+        chunk.release()
+        self.buffer.end_write(idx)
+        self.current_idx = (idx + 1) % self.buffer.max_chunks
+        if overflow:
+            self.local_socket.send_multipart(frames, copy=False)
+        self.notify_socket.send(b"\x00")  # wakes readers blocked in poll; dropped if one waits
+
+    def _acquire_write(self, timeout: float | None) -> int:
+        idx, start = self.current_idx, time.monotonic()
+        pause = 0.0
+        while not self.buffer.writable(idx):
+            if self.shutting_down:
+                raise QueueShutdown("enqueue() interrupted: the MessageQueue was shut down")
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
+                raise TimeoutError(
+                    f"writer waited {timeout:g} s for chunk {idx} of ring {self.buffer.name} to be "
+                    f"read by reader(s) {self.buffer.unread_by(idx)} of {self.buffer.n_reader}: "
+                    "is that reader process alive and still calling dequeue()?")
+            if waited < WRITER_SPIN_S:
+                os.sched_yield()
+            else:
+                pause = min(WRITER_MAX_SLEEP_S, pause * 2 or 50e-6)
+                time.sleep(pause)
+        return idx
+
+    # --- readers -------------------------------------------------------------------------
+    def dequeue(self, timeout: float | None = None) -> Any:
+        """The next message, in order; TimeoutError after timeout s without one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.buffer is not None and not self.is_writer:
+            frames = self._read_local(deadline, timeout)
+        elif self.remote_socket is not None and not self.is_writer:
+            frames = self._recv(self.remote_socket, deadline, "a message from the writer over tcp")
+        else:
+            raise RuntimeError("only readers dequeue; the writer calls enqueue()")
+        return self.decoder.decode(frames)
+
+    def _read_local(self, deadline: float | None, timeout: float | None) -> list:
+        idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
+        while not ring.readable(idx, rank):
+            if self.shutting_down:
+                raise QueueShutdown("dequeue() interrupted: the MessageQueue was shut down")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reader {rank} waited {timeout:g} s for chunk {idx} of ring {ring.name} to be "
+                    "written: is the writer alive and enqueueing?")
+            self.spin.wait(deadline)
+        chunk = ring.chunk(idx)
+        overflow, count = _COUNT.unpack_from(chunk, 0)
+        if not overflow:
+            lengths = struct.unpack_from(_LEN.format(count), chunk, _COUNT.size)
+            start = _COUNT.size + 4 * count
+            data = memoryview(bytearray(chunk[start:start + sum(lengths)]))  # one copy out
+        chunk.release()
+        ring.end_read(idx, rank)
+        self.current_idx = (idx + 1) % ring.max_chunks
+        self.spin.record_read()
+        if overflow:
+            return self._recv(self.local_socket, deadline, "an overflow message on "
+                              + _endpoint(self.local_socket))
+        frames, offset = [], 0
+        for n in lengths:
+            frames.append(data[offset:offset + n])
+            offset += n
+        return frames
+
+    def _recv(self, sock: zmq.Socket, deadline: float | None, what: str) -> list:
+        while not sock.poll(_poll_ms(deadline)):
+            if self.shutting_down:
+                raise QueueShutdown(f"interrupted while waiting for {what}: shut down")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+        return sock.recv_multipart(copy=False)
+
+    # --- lifetime ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Wake a reader blocked in dequeue() (from another thread); it raises QueueShutdown."""
+        self.shutting_down = True
+        if self.spin is not None:
+            self.spin.cancel()
+
+    def close(self) -> None:
+        """Close the sockets and the ring; the writer also removes the segment."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _close(self.context, self._sockets, self.buffer, os.getpid(), CLOSE_LINGER_MS)
+
+    def __enter__(self) -> "MessageQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# A blocked poll wakes at least this often to look at shutting_down.
+_SHUTDOWN_POLL_MS = 100
+
+
+def _poll_ms(deadline: float | None) -> int:
+    if deadline is None:
+        return _SHUTDOWN_POLL_MS
+    return max(0, min(_SHUTDOWN_POLL_MS, int((deadline - time.monotonic()) * 1000)))
+
+
+def _endpoint(sock: zmq.Socket) -> str:
+    return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
+def _bytes_view(frame: Any) -> memoryview:
+    view = memoryview(frame)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _close(context: zmq.Context, sockets: list, ring: ShmRingBuffer | None, owner_pid: int,
+           linger_ms: int) -> None:
+    if os.getpid() != owner_pid:  # a forked child's copy: the parent owns these
+        return
+    for sock in sockets:
+        sock.close(linger=linger_ms)
+    context.term()
+    if ring is not None:
+        ring.close()

@@ -1,0 +1,192 @@
+"""ShmRingBuffer: the shared-memory segment under MessageQueue, with vLLM's layout.
+
+The ring only knows bytes and flags. Waiting, serialization and sockets live in
+shm_broadcast.py (MessageQueue); this file is the memory and the flag protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import weakref
+from multiprocessing import resource_tracker, shared_memory
+
+SHM_DIR = "/dev/shm"
+MIB = 1 << 20
+
+# A lock acquire + release is a full memory barrier on every platform CPython runs on
+# (pthread mutexes are built on atomic read-modify-write instructions with acquire and
+# release semantics). vLLM does the same: shm_broadcast.py:84-104 (vLLM 0.33.0).
+_FENCE = threading.Lock()
+
+
+def memory_fence() -> None:
+    """Order every load and store before this call before every one after it, across cores."""
+    with _FENCE:
+        pass
+
+
+def check_shm_free_space(required_bytes: int, shm_dir: str = SHM_DIR) -> None:
+    """Raise before creating a segment that /dev/shm cannot hold.
+
+    Without this check the segment is created sparse and the process dies of SIGBUS on
+    the first write past the free space, far away from the cause.
+    """
+    if not os.path.isdir(shm_dir):
+        return
+    free = shutil.disk_usage(shm_dir).free
+    if required_bytes > free:
+        raise RuntimeError(
+            f"{shm_dir} has {free / MIB:.0f} MiB free, the ring needs {required_bytes / MIB:.0f} MiB: "
+            f"free space in {shm_dir} (remove stale segments), start docker with --shm-size=1g "
+            "or --ipc=host, or make the ring smaller (max_chunk_bytes x max_chunks)")
+
+
+class ShmRingBuffer:
+    """One writer, n_reader readers, max_chunks chunks of max_chunk_bytes each.
+
+    Memory layout (vLLM's, shm_broadcast.py:293-307):
+
+        +---------+---------+-----+-------------+--------+--------+-----+--------------+
+        | chunk 0 | chunk 1 | ... | chunk n - 1 | meta 0 | meta 1 | ... | meta n - 1   |
+        +---------+---------+-----+-------------+--------+--------+-----+--------------+
+        | max_chunks x max_chunk_bytes          | max_chunks x (1 + n_reader) bytes  |
+
+        meta i = | written | read 0 | read 1 | ... | read n_reader - 1 |   one byte each
+
+    State table of one chunk (w = written flag, r_k = read flag of reader k):
+
+        w  r_0..r_n-1   state      writer                     reader k
+        0  any          empty      may fill it                waits
+        1  all 0        fresh      waits                      may read
+        1  some 1       partly     waits                      may read if r_k = 0
+        1  all 1        consumed   may refill it              waits (nothing new)
+
+    Transitions, in this order, with a memory fence between data and flags:
+      writer: w = 0; write the data; every r_k = 0; fence; w = 1; fence.
+      reader k: check w = 1 and r_k = 0; fence; copy the data out; r_k = 1; fence.
+    Clearing the read flags before setting w keeps the chunk in "empty" until it is
+    complete. The other order passes through "w = 1, r_k = 1" (consumed, with the new
+    data already in place): a reader skips a message, or marks it read before the
+    writer clears its flag and then reads it again on the next lap (chapter 05).
+
+    Each side keeps its own current index; nobody stores it in the segment.
+    The creator (name=None) zeroes the metadata and unlinks the segment on close();
+    an attaching process (name given) only unmaps it. Pickling gives the handle.
+    """
+
+    def __init__(self, n_reader: int, max_chunk_bytes: int, max_chunks: int,
+                 name: str | None = None):
+        if n_reader < 1 or max_chunk_bytes < 1 or max_chunks < 1:
+            raise ValueError(f"need n_reader, max_chunk_bytes, max_chunks >= 1, got "
+                             f"{n_reader}, {max_chunk_bytes}, {max_chunks}")
+        self.n_reader, self.max_chunk_bytes, self.max_chunks = n_reader, max_chunk_bytes, max_chunks
+        self.metadata_size = 1 + n_reader
+        self.metadata_offset = max_chunk_bytes * max_chunks
+        self.total_bytes = (max_chunk_bytes + self.metadata_size) * max_chunks
+        self.is_creator = name is None
+        if self.is_creator:
+            check_shm_free_space(self.total_bytes)
+            self.shared_memory = shared_memory.SharedMemory(create=True, size=self.total_bytes)
+            self.shared_memory.buf[self.metadata_offset:self.total_bytes] = bytes(
+                self.total_bytes - self.metadata_offset)
+        else:
+            self.shared_memory = _attach(name)
+            if self.shared_memory.size < self.total_bytes:
+                size = self.shared_memory.size
+                self.shared_memory.close()
+                raise ValueError(f"segment {name} has {size} bytes, the ring needs "
+                                 f"{self.total_bytes}: the handle does not match the segment")
+        self.name = self.shared_memory.name
+        self.buf = self.shared_memory.buf
+        self._finalizer = weakref.finalize(self, _release, self.shared_memory, self.is_creator,
+                                           os.getpid())
+
+    def handle(self) -> tuple[int, int, int, str]:
+        return (self.n_reader, self.max_chunk_bytes, self.max_chunks, self.name)
+
+    def __reduce__(self):
+        return (self.__class__, self.handle())
+
+    # --- offsets -------------------------------------------------------------------------
+    def data_offset(self, idx: int) -> int:
+        return idx * self.max_chunk_bytes
+
+    def written_offset(self, idx: int) -> int:
+        return self.metadata_offset + idx * self.metadata_size
+
+    # --- the flag protocol ---------------------------------------------------------------
+    def writable(self, idx: int) -> bool:
+        """Chunk idx is empty or consumed by every reader."""
+        w = self.written_offset(idx)
+        memory_fence()
+        return not self.buf[w] or sum(self.buf[w + 1:w + self.metadata_size]) == self.n_reader
+
+    def unread_by(self, idx: int) -> list[int]:
+        """The readers that have not read chunk idx yet (for error messages)."""
+        w = self.written_offset(idx)
+        return [k for k in range(self.n_reader) if not self.buf[w + 1 + k]]
+
+    def begin_write(self, idx: int) -> memoryview:
+        """Mark chunk idx empty and return its data for the writer to fill."""
+        self.buf[self.written_offset(idx)] = 0
+        start = self.data_offset(idx)
+        return self.buf[start:start + self.max_chunk_bytes]
+
+    def end_write(self, idx: int) -> None:
+        """Publish chunk idx: clear the read flags first, then set the written flag."""
+        w = self.written_offset(idx)
+        self.buf[w + 1:w + self.metadata_size] = bytes(self.n_reader)
+        memory_fence()  # the data and the cleared flags before w = 1
+        self.buf[w] = 1
+        memory_fence()  # w = 1 leaves this core's store buffer now
+
+    def readable(self, idx: int, reader: int) -> bool:
+        w = self.written_offset(idx)
+        memory_fence()
+        return bool(self.buf[w]) and not self.buf[w + 1 + reader]
+
+    def chunk(self, idx: int) -> memoryview:
+        start = self.data_offset(idx)
+        return self.buf[start:start + self.max_chunk_bytes]
+
+    def end_read(self, idx: int, reader: int) -> None:
+        """Release chunk idx for this reader; call it only after the data is copied out."""
+        memory_fence()  # the copy-out completes before the writer can see r_k = 1
+        self.buf[self.written_offset(idx) + 1 + reader] = 1
+        memory_fence()
+
+    def close(self) -> None:
+        """Unmap the segment; the creator also unlinks it. Views from chunk() must be gone."""
+        self.buf = None
+        self._finalizer()
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing segment without registering it with this process's resource tracker.
+
+    Python < 3.13 registers attached segments too, and the tracker then unlinks the
+    writer's segment when a reader exits (https://bugs.python.org/issue39959).
+    vLLM patches the tracker the same way: shm_broadcast.py:358-366.
+    """
+    register = resource_tracker.register
+    resource_tracker.register = lambda name, rtype: None
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+def _release(shm: shared_memory.SharedMemory, is_creator: bool, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked child inherited the object: not ours to free
+        return
+    try:
+        shm.close()
+    except BufferError:
+        pass  # a view is still exported; the mapping goes when the process exits
+    if is_creator:
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass

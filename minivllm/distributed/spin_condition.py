@@ -1,0 +1,81 @@
+"""SpinCondition: how a MessageQueue reader waits for the writer. Spin, then block.
+
+A reader that read something recently spins: it polls the ring's flag and calls
+os.sched_yield() between polls (about 1 µs, and another process may run). Never
+time.sleep(0): on CPython 3.11 that is a clock_nanosleep paying ~50 µs of timer slack.
+A reader idle for longer than busy_loop_s blocks in zmq poll on two sockets:
+  - the writer's notify socket: the writer sends one byte after every enqueue;
+  - an inproc PAIR: shutdown(), from another thread of the reader's process, wakes it.
+The writer side is one XPUB socket with SNDHWM = 1 and readers' SUB sockets CONFLATE, so a
+busy writer never queues more than one pending notification per reader.
+vLLM's version: shm_broadcast.py:120-236 (vLLM 0.33.0).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import zmq
+
+# How long a reader keeps spinning after its last read. Long enough to cover the gap between
+# two steps of a busy engine; short enough that an idle engine stops burning a core quickly.
+BUSY_LOOP_S = 0.1
+# Longest block in poll before the reader re-reads the flag anyway: bounds the cost of a lost
+# notification (one that went out before this reader's subscription was live).
+RECHECK_S = 1.0
+
+_cancel_ids = itertools.count()
+
+
+class SpinCondition:
+    """The reader half: wait() returns when it is worth looking at the ring again."""
+
+    def __init__(self, context: zmq.Context, notify_addr: str, busy_loop_s: float = BUSY_LOOP_S):
+        self.busy_loop_s = busy_loop_s
+        self.last_read = time.monotonic()
+        self.notify = context.socket(zmq.SUB)
+        self.notify.setsockopt(zmq.CONFLATE, 1)
+        self.notify.setsockopt(zmq.SUBSCRIBE, b"")
+        self.notify.connect(notify_addr)
+        address = f"inproc://minivllm-cancel-{os.getpid()}-{next(_cancel_ids)}"
+        self.cancel_rx = context.socket(zmq.PAIR)
+        self.cancel_rx.bind(address)
+        self.cancel_tx = context.socket(zmq.PAIR)
+        self.cancel_tx.connect(address)
+        self.poller = zmq.Poller()
+        self.poller.register(self.notify, zmq.POLLIN)
+        self.poller.register(self.cancel_rx, zmq.POLLIN)
+
+    def sockets(self) -> list[zmq.Socket]:
+        return [self.notify, self.cancel_rx, self.cancel_tx]
+
+    def record_read(self) -> None:
+        self.last_read = time.monotonic()
+
+    def wait(self, deadline: float | None) -> None:
+        """Spin once (yield), or block until a notification, a cancel, or the deadline."""
+        now = time.monotonic()
+        if now - self.last_read <= self.busy_loop_s:
+            os.sched_yield()
+            return
+        wait_s = RECHECK_S if deadline is None else min(RECHECK_S, max(0.0, deadline - now))
+        events = dict(self.poller.poll(timeout=int(wait_s * 1000)))
+        if self.notify in events:
+            self.notify.recv(zmq.NOBLOCK)  # CONFLATE: at most one is waiting
+        if self.cancel_rx in events:
+            self.cancel_rx.recv(zmq.NOBLOCK)
+
+    def cancel(self) -> None:
+        """Wake a blocked wait(); call from another thread of the same process."""
+        self.cancel_tx.send(b"\x00")
+
+
+def notify_socket(context: zmq.Context, address: str) -> zmq.Socket:
+    """The writer half: XPUB so wait_until_ready() can count the readers' subscriptions."""
+    sock = context.socket(zmq.XPUB)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+    sock.setsockopt(zmq.SNDHWM, 1)  # a pending notification is enough; drop the rest
+    sock.bind(address)
+    return sock
