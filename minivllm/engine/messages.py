@@ -1,32 +1,65 @@
 """The engine's wire types: what the front end and the engine core send each other.
 
 Every message is a msgspec Struct encoded as a msgpack array (`array_like=True`: field
-names never cross the wire) with defaults omitted. Token ids travel as numpy int32 arrays,
-which `minivllm.serial` moves as raw bytes, never as lists of Python ints (chapter 04).
-In vLLM: vllm/v1/engine/__init__.py.
+names never cross the wire, only values in field order). `omit_defaults=True` is set as vLLM
+does, but msgspec honours it only for map-encoded Structs: an array always holds every field
+(measured in chapter 04). Token ids travel as numpy int32 arrays, which `minivllm.serial`
+moves as raw bytes (out of band when >= 256 B), never as lists of Python ints: decoding a list
+creates one Python int per token, and that, not the byte format, is the cost (chapter 04).
+
+Wire format. Front end -> engine core (front-end ROUTER, engine DEALER):
+
+    frame  sender's view (ROUTER)           engine's view (DEALER)   holds
+    0      identity: DP rank, 2 bytes LE    -                        ROUTER strips/adds it
+    1      EngineCoreRequestType, 1 byte    frame 0                  ADD, ABORT, UTILITY, ...
+    2      msgpack body                     frame 1                  the payload below
+    3..    out-of-band array buffers        frame 2..                e.g. prompt_token_ids
+
+    type    payload
+    ADD     EngineCoreRequest
+    ABORT   list[str]: request ids
+    UTILITY UtilityRequest
+
+Before anything else the engine's DEALER sends one message, EngineCoreReadyResponse: a ROUTER
+can only route to a peer it has heard from (chapter 03).
+
+Engine core -> front end (engine PUSH, front-end PULL): [msgpack EngineCoreOutputs,
+out-of-band buffers...]. No type byte: every message is EngineCoreOutputs, which also carries
+utility replies (utility_output) and death (engine_dead=True, the last message).
+
+In vLLM: vllm/v1/engine/__init__.py:300 (EngineCoreRequestType), :113 (EngineCoreRequest),
+:203 (EngineCoreOutput), :254 (UtilityOutput), :266 (EngineCoreOutputs), :74
+(EngineCoreReadyResponse); the framing: vllm/v1/engine/core_client.py:1045 (identity, type,
+frames...) and vllm/v1/engine/core.py:1992 (type_frame, *data_frames).
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from minivllm.sampling_params import SamplingParams
 
+TOKEN_DTYPE = np.int32  # vocabularies fit in 31 bits; half the bytes of int64
+
 
 class EngineCoreRequestType(bytes, enum.Enum):
-    """The first frame of every front end -> engine core message: one byte, a name in code."""
+    """Frame 1 of every front end -> engine core message: one byte on the wire, a name in code."""
 
     ADD = b"\x00"
     ABORT = b"\x01"
-    START_DP_WAVE = b"\x02"
-    UTILITY = b"\x03"
-    EXECUTOR_FAILED = b"\x04"  # sent by the engine core to itself when a worker dies
+    START_DP_WAVE = b"\x02"  # DP: wake idle engines for a new wave of requests
+    UTILITY = b"\x03"  # call a method on the engine core; answered in EngineCoreOutputs
+    EXECUTOR_FAILED = b"\x04"  # put by the engine core on its own queue when a worker dies
+    WAKEUP = b"\x05"  # put on the engine core's own queue to unblock it at shutdown
 
 
 class FinishReason(enum.IntEnum):
+    """Why a request finished. An int on the wire: one byte instead of a string."""
+
     STOP = 0
     LENGTH = 1
     ABORT = 2
@@ -37,19 +70,42 @@ class FinishReason(enum.IntEnum):
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """ADD: one tokenized request, front end -> engine core."""
+
     request_id: str
-    prompt_token_ids: np.ndarray  # int32, shape (n,)
+    prompt_token_ids: np.ndarray  # TOKEN_DTYPE, shape (n,)
     sampling_params: SamplingParams
     arrival_time: float = 0.0
+    client_index: int = 0  # which front end to answer (several API servers share engines)
+
+
+class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """UTILITY: call `method(*args)` on the engine core; the reply carries call_id back."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
     client_index: int = 0
 
 
+class EngineCoreReadyResponse(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The engine's first message on its DEALER: lets the ROUTER route to it, and reports
+    what startup decided."""
+
+    engine_index: int
+    num_gpu_blocks: int = 0
+    block_size: int = 0
+    max_model_len: int = 0
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One request's progress in one step."""
+
     request_id: str
-    new_token_ids: np.ndarray  # int32 tokens sampled this step
+    new_token_ids: np.ndarray  # TOKEN_DTYPE tokens sampled this step
     finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
+    stop_reason: int | str | None = None  # the stop string or token id that matched
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -57,6 +113,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 
 
 class UtilityOutput(msgspec.Struct, array_like=True, gc=False):
+    """The reply to a UtilityRequest: result, or failure_message if the call raised."""
+
     call_id: int
     failure_message: str | None = None
     result: object = None
