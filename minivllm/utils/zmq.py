@@ -1,0 +1,149 @@
+"""ZMQ sockets the way the engine uses them: a factory with vLLM's defaults, addresses, identities.
+
+- `make_zmq_socket(ctx, path, type)` binds or connects, and sets what the engine relies on:
+  no high-water mark on the pipes that carry requests and outputs (a full pipe would block the
+  busy loop or, for ROUTER, silently drop), the kernel buffer size, linger, XPUB_VERBOSE.
+- `IpcDir` owns a private directory (mode 0700) for ipc:// socket files and removes it, and
+  every file in it, on close: no socket file outlives the engine, and no other user can connect.
+- `tcp://host:0` binds to a free port; `bound_address(sock)` tells which.
+- `dp_rank_identity(rank)`: a DEALER's identity is its data-parallel rank as 2 bytes, little
+  endian, so a ROUTER addresses engine 3 as b"\\x03\\x00".
+
+In vLLM: vllm/utils/network_utils.py:349 (make_zmq_socket), :334 (the large-buffer policy), :175
+(get_open_zmq_ipc_path: a fresh ipc path per engine),
+vllm/v1/engine/core_client.py:754 (rank.to_bytes(2, "little")).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Any
+
+import psutil
+import zmq
+
+# vLLM gives each socket 0.5 GiB of kernel buffer on big machines and leaves the system
+# default elsewhere, so that a small host does not pin gigabytes in socket buffers.
+LARGE_BUFFER_SIZE = 512 * 1024**2
+LARGE_BUFFER_MIN_TOTAL = 32 * 1024**3
+LARGE_BUFFER_MIN_AVAILABLE = 16 * 1024**3
+SYSTEM_DEFAULT_BUFFER = -1  # ZMQ_SNDBUF/RCVBUF -1: leave the OS default
+UNLIMITED_HWM = 0  # ZMQ_SNDHWM/RCVHWM 0: queue without limit instead of blocking or dropping
+IDENTITY_BYTES = 2  # DP rank as a little-endian u16: 65,536 engines is enough
+
+_RECV_SIDE = (zmq.PULL, zmq.DEALER, zmq.ROUTER)
+_SEND_SIDE = (zmq.PUSH, zmq.DEALER, zmq.ROUTER)
+_CONNECT_BY_DEFAULT = (zmq.PUSH, zmq.SUB, zmq.XSUB)  # as in vLLM: these usually connect
+
+
+def socket_buffer_size() -> int:
+    """The SNDBUF/RCVBUF to set: large only where memory is plentiful."""
+    mem = psutil.virtual_memory()
+    if mem.total > LARGE_BUFFER_MIN_TOTAL and mem.available > LARGE_BUFFER_MIN_AVAILABLE:
+        return LARGE_BUFFER_SIZE
+    return SYSTEM_DEFAULT_BUFFER
+
+
+def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool | None = None,
+                    identity: bytes | None = None, linger: int | None = None) -> zmq.Socket:
+    """Make a socket of `socket_type`, bind or connect it to `path`, and return it.
+
+    bind defaults to True except for PUSH, SUB and XSUB. A tcp path with port 0 binds to a
+    free port (see `bound_address`). The caller owns the socket: close it.
+    """
+    sock = ctx.socket(socket_type)
+    try:
+        buf = socket_buffer_size()
+        if socket_type in _RECV_SIDE:
+            sock.setsockopt(zmq.RCVHWM, UNLIMITED_HWM)
+            sock.setsockopt(zmq.RCVBUF, buf)
+        if socket_type in _SEND_SIDE:
+            sock.setsockopt(zmq.SNDHWM, UNLIMITED_HWM)
+            sock.setsockopt(zmq.SNDBUF, buf)
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
+        if linger is not None:
+            sock.setsockopt(zmq.LINGER, linger)
+        if socket_type == zmq.XPUB:
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscription, not only the first
+        if bind if bind is not None else socket_type not in _CONNECT_BY_DEFAULT:
+            sock.bind(_wildcard_port(path))
+        else:
+            sock.connect(path)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
+
+
+def _wildcard_port(path: str) -> str:
+    if path.startswith("tcp://") and path.endswith(":0"):
+        return path[:-1] + "*"  # libzmq's spelling of "any free port"
+    return path
+
+
+def bound_address(sock: zmq.Socket) -> str:
+    """The endpoint the socket last bound, with the real port: 'tcp://127.0.0.1:43511'."""
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def tcp_address(host: str = "127.0.0.1", port: int = 0) -> str:
+    """A tcp:// path; port 0 means 'pick a free one when binding'."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def dp_rank_identity(rank: int) -> bytes:
+    """The ROUTER-side identity of data-parallel engine `rank`: 2 bytes, little endian."""
+    if not 0 <= rank < 1 << (8 * IDENTITY_BYTES):
+        raise ValueError(f"DP rank must be in [0, 65535], got {rank}")
+    return rank.to_bytes(IDENTITY_BYTES, "little")
+
+
+def identity_to_rank(identity: bytes) -> int:
+    """The inverse of dp_rank_identity, for the frame a ROUTER prepends."""
+    if len(identity) != IDENTITY_BYTES:
+        raise ValueError(f"expected a {IDENTITY_BYTES}-byte DP identity, got {identity!r}")
+    return int.from_bytes(identity, "little")
+
+
+class IpcDir:
+    """A private (0700) directory for ipc:// socket files, removed with its contents on close.
+
+        with IpcDir() as d:
+            sock = make_zmq_socket(ctx, d.path("input"), zmq.ROUTER)
+    """
+
+    def __init__(self, prefix: str = "minivllm-zmq-"):
+        # mkdtemp creates the directory with mode 0700; short prefix because an ipc path
+        # must fit in sun_path (107 bytes).
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+
+    def path(self, name: str) -> str:
+        """An ipc:// address for socket `name` inside the directory."""
+        if "/" in name or not name:
+            raise ValueError(f"socket name must be a plain file name, got {name!r}")
+        return f"ipc://{os.path.join(self.dir, name)}"
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> IpcDir:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def close_all(*sockets: zmq.Socket | None, linger: int = 0) -> None:
+    """Close every socket given (None is skipped), dropping unsent messages after `linger` ms."""
+    for sock in sockets:
+        if sock is not None and not sock.closed:
+            sock.close(linger=linger)

@@ -1,0 +1,119 @@
+"""minivllm.utils.zmq: real sockets, their options, addresses, identities, and cleanup."""
+
+import os
+import stat
+
+import pytest
+import zmq
+
+from minivllm.utils.zmq import (
+    IpcDir, bound_address, close_all, dp_rank_identity, identity_to_rank, make_zmq_socket,
+    tcp_address)
+
+POLL_MS = 5000
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()  # hangs if a test forgot to close a socket with pending messages
+
+
+@pytest.mark.parametrize("kind, hwm_opts", [
+    (zmq.ROUTER, (zmq.SNDHWM, zmq.RCVHWM)), (zmq.DEALER, (zmq.SNDHWM, zmq.RCVHWM)),
+    (zmq.PULL, (zmq.RCVHWM,)), (zmq.PUSH, (zmq.SNDHWM,))])
+def test_engine_pipes_have_no_high_water_mark(ctx, kind, hwm_opts):
+    sock = make_zmq_socket(ctx, tcp_address(), kind, bind=True, linger=0)
+    try:
+        assert all(sock.getsockopt(o) == 0 for o in hwm_opts)
+        assert sock.getsockopt(zmq.LINGER) == 0
+    finally:
+        sock.close()
+
+
+def test_pub_keeps_default_hwm_and_xpub_is_verbose(ctx):
+    pub = make_zmq_socket(ctx, tcp_address(), zmq.PUB, linger=0)
+    xpub = make_zmq_socket(ctx, tcp_address(), zmq.XPUB, linger=0)
+    try:
+        assert pub.getsockopt(zmq.SNDHWM) == 1000  # libzmq's default: PUB drops when full
+        assert xpub.getsockopt(zmq.SNDHWM) == 1000
+    finally:
+        close_all(pub, xpub)
+
+
+def test_tcp_port_zero_binds_a_free_port_and_reports_it(ctx):
+    a = make_zmq_socket(ctx, "tcp://127.0.0.1:0", zmq.PULL, linger=0)
+    b = make_zmq_socket(ctx, "tcp://127.0.0.1:0", zmq.PULL, linger=0)
+    try:
+        addr_a, addr_b = bound_address(a), bound_address(b)
+        assert addr_a.startswith("tcp://127.0.0.1:") and addr_a != addr_b
+        assert int(addr_a.rsplit(":", 1)[1]) > 0
+        push = make_zmq_socket(ctx, addr_a, zmq.PUSH, linger=0)  # PUSH connects by default
+        push.send(b"hello")
+        assert a.poll(POLL_MS) and a.recv() == b"hello"
+        push.close()
+    finally:
+        close_all(a, b)
+
+
+def test_ipc_dir_is_private_and_removed_with_its_socket_files(ctx):
+    with IpcDir() as d:
+        assert stat.S_IMODE(os.stat(d.dir).st_mode) == 0o700
+        router = make_zmq_socket(ctx, d.path("input"), zmq.ROUTER, linger=0)
+        path = d.path("input").removeprefix("ipc://")
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        router.close()
+    assert d.closed and not os.path.exists(d.dir)
+
+
+def test_ipc_dir_cleans_up_when_dropped():
+    d = IpcDir()
+    directory = d.dir
+    del d
+    assert not os.path.exists(directory)
+
+
+def test_ipc_dir_rejects_names_that_escape():
+    with IpcDir() as d:
+        with pytest.raises(ValueError):
+            d.path("../x")
+
+
+def test_router_routes_by_dp_rank_identity(ctx):
+    with IpcDir() as d:
+        router = make_zmq_socket(ctx, d.path("in"), zmq.ROUTER, linger=0)
+        engines = [make_zmq_socket(ctx, d.path("in"), zmq.DEALER, bind=False, linger=0,
+                                   identity=dp_rank_identity(r)) for r in range(3)]
+        try:
+            for e in engines:
+                e.send(b"ready")  # a ROUTER learns a peer's identity from its first message
+            seen = set()
+            for _ in engines:
+                assert router.poll(POLL_MS)
+                ident, msg = router.recv_multipart()
+                seen.add(identity_to_rank(ident))
+            assert seen == {0, 1, 2}
+            router.send_multipart([dp_rank_identity(2), b"for two"])
+            assert engines[2].poll(POLL_MS) and engines[2].recv() == b"for two"
+            assert not engines[0].poll(50) and not engines[1].poll(50)
+        finally:
+            close_all(router, *engines)
+
+
+def test_identity_encoding():
+    assert dp_rank_identity(3) == b"\x03\x00" and dp_rank_identity(258) == b"\x02\x01"
+    assert identity_to_rank(dp_rank_identity(65535)) == 65535
+    with pytest.raises(ValueError):
+        dp_rank_identity(70000)
+    with pytest.raises(ValueError):
+        identity_to_rank(b"\x00")
+
+
+def test_failed_bind_closes_the_socket(ctx):
+    a = make_zmq_socket(ctx, "tcp://127.0.0.1:0", zmq.PULL, linger=0)
+    try:
+        with pytest.raises(zmq.ZMQError):
+            make_zmq_socket(ctx, bound_address(a), zmq.PULL)  # address in use
+    finally:
+        a.close()
