@@ -88,6 +88,7 @@ class MessageQueue:
             handle.local_notify_addr = ipc_address("notify")
             self.local_socket = self._xpub(handle.local_subscribe_addr)
             self.notify_socket = notify_socket(self.context, handle.local_notify_addr)
+            self._ipc_files.append(handle.local_notify_addr[len("ipc://"):])
             self._sockets += [self.local_socket, self.notify_socket]
         if self.n_remote_reader:
             self.remote_socket = self._xpub(f"tcp://{connect_ip or '127.0.0.1'}:0")
@@ -119,6 +120,7 @@ class MessageQueue:
         self.is_writer, self.shutting_down = is_writer, False
         self.context = zmq.Context()
         self._sockets: list[zmq.Socket] = []
+        self._ipc_files: list[str] = []  # bound ipc:// endpoints: libzmq leaves the files
         self.buffer: ShmRingBuffer | None = None
         self.local_socket = self.remote_socket = self.notify_socket = None
         self.spin: SpinCondition | None = None
@@ -129,6 +131,8 @@ class MessageQueue:
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, not only the first
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: the ring bounds what is in flight
         sock.bind(address)
+        if address.startswith("ipc://"):
+            self._ipc_files.append(address[len("ipc://"):])
         return sock
 
     def _sub(self, address: str) -> zmq.Socket:
@@ -140,7 +144,7 @@ class MessageQueue:
 
     def _arm_finalizer(self) -> None:
         self._finalizer = weakref.finalize(self, _close, self.context, list(self._sockets),
-                                           self.buffer, os.getpid(), 0)
+                                           self.buffer, self._ipc_files, os.getpid(), 0)
 
     def export_handle(self) -> Handle:
         return self.handle
@@ -284,7 +288,8 @@ class MessageQueue:
         """Close the sockets and the ring; the writer also removes the segment."""
         if self._finalizer.alive:
             self._finalizer.detach()
-            _close(self.context, self._sockets, self.buffer, os.getpid(), CLOSE_LINGER_MS)
+            _close(self.context, self._sockets, self.buffer, self._ipc_files, os.getpid(),
+                   CLOSE_LINGER_MS)
 
     def __enter__(self) -> "MessageQueue":
         return self
@@ -312,12 +317,17 @@ def _bytes_view(frame: Any) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _close(context: zmq.Context, sockets: list, ring: ShmRingBuffer | None, owner_pid: int,
-           linger_ms: int) -> None:
+def _close(context: zmq.Context, sockets: list, ring: ShmRingBuffer | None, ipc_files: list[str],
+           owner_pid: int, linger_ms: int) -> None:
     if os.getpid() != owner_pid:  # a forked child's copy: the parent owns these
         return
     for sock in sockets:
         sock.close(linger=linger_ms)
     context.term()
+    for path in ipc_files:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     if ring is not None:
         ring.close()

@@ -1,0 +1,214 @@
+"""ShmRingBuffer and MessageQueue with real processes, real shared memory and real sockets."""
+
+import multiprocessing as mp
+import multiprocessing.resource_tracker
+import os
+import pickle
+import random
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from minivllm.distributed.shm_broadcast import MessageQueue, QueueShutdown
+from minivllm.distributed.shm_ring import ShmRingBuffer, check_shm_free_space
+
+# The interpreter's resource tracker (which unlinks a crashed creator's segments) is one
+# process per interpreter, started at the first segment: start it before any test's snapshot.
+multiprocessing.resource_tracker.ensure_running()
+CTX = mp.get_context("fork")  # fast to start; every reader attaches from the handle anyway
+CHUNK = 1024  # small chunks, so that a few messages in every hundred overflow
+STEP_TIMEOUT_S = 30.0  # a message missing this long is a bug, not slowness
+
+
+def message(seed: int, i: int):
+    """Message i: an int, small bytes, an array sent out of band, or one too big for a chunk."""
+    kind = (i * 2654435761 + seed) % 100
+    if kind < 60:
+        return i
+    if kind < 90:
+        return [i, random.Random(i).randbytes(kind % 50)]
+    if kind < 97:
+        return {"i": i, "ids": np.arange(i % 200 + 64, dtype=np.int32)}  # 256+ B: out of band
+    return {"i": i, "big": np.full(CHUNK, i % 251, dtype=np.uint8)}  # overflows the chunk
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def read_all(handle, rank, seed, count, conn):
+    """A reader process: check every message against the expected sequence, report once."""
+    mq = MessageQueue.create_from_handle(handle, rank)
+    problem = None
+    try:
+        mq.wait_until_ready(STEP_TIMEOUT_S)
+        for i in range(count):
+            got = mq.dequeue(timeout=STEP_TIMEOUT_S)
+            if not same(message(seed, i), got):
+                problem = f"message {i}: expected {message(seed, i)!r:.80}, got {got!r:.80}"
+                break
+    except Exception as e:
+        problem = f"{type(e).__name__}: {e}"
+    conn.send(problem)
+    mq.close()
+
+
+def broadcast(n_reader, n_local, count, seed, max_chunks=8):
+    mq = MessageQueue(n_reader, n_local, max_chunk_bytes=CHUNK, max_chunks=max_chunks)
+    pipes = [CTX.Pipe(duplex=False) for _ in range(n_reader)]
+    procs = [CTX.Process(target=read_all, args=(mq.export_handle(), r, seed, count, pipes[r][1]))
+             for r in range(n_reader)]
+    try:
+        for p in procs:
+            p.start()
+        mq.wait_until_ready(STEP_TIMEOUT_S)
+        for i in range(count):
+            mq.enqueue(message(seed, i), timeout=STEP_TIMEOUT_S)
+        return [rx.recv() if rx.poll(STEP_TIMEOUT_S) else "no report" for rx, _ in pipes]
+    finally:
+        for p in procs:
+            p.join(STEP_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        mq.close()
+
+
+@pytest.mark.parametrize("n_reader", [1, 2, 3, 4])
+def test_every_reader_gets_every_message_once_in_order(n_reader):
+    reports = broadcast(n_reader, n_reader, 100_000, seed=n_reader)
+    assert reports == [None] * n_reader, reports
+
+
+def test_overflow_happens_in_the_mixed_stream():
+    kinds = [message(0, i) for i in range(1000)]
+    big = [m for m in kinds if isinstance(m, dict) and "big" in m]
+    assert 10 < len(big) < 100  # the stream above really exercises the XPUB path
+
+
+def test_remote_reader_over_tcp_with_a_local_reader():
+    reports = broadcast(n_reader=2, n_local=1, count=3000, seed=7)
+    assert reports == [None, None], reports
+
+
+def test_only_remote_readers():
+    reports = broadcast(n_reader=2, n_local=0, count=2000, seed=8)
+    assert reports == [None, None], reports
+
+
+def slow_reader(handle, rank, ready):
+    mq = MessageQueue.create_from_handle(handle, rank)
+    mq.wait_until_ready(STEP_TIMEOUT_S)
+    ready.set()
+    while True:
+        mq.dequeue()
+
+
+def test_a_killed_reader_makes_the_writer_time_out_naming_it():
+    mq = MessageQueue(2, 2, max_chunk_bytes=256, max_chunks=4)
+    ready = [CTX.Event() for _ in range(2)]
+    procs = [CTX.Process(target=slow_reader, args=(mq.export_handle(), r, ready[r]))
+             for r in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        mq.wait_until_ready(STEP_TIMEOUT_S)
+        for i in range(100):
+            mq.enqueue(i, timeout=STEP_TIMEOUT_S)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].join()
+        with pytest.raises(TimeoutError, match=r"reader\(s\) \[1\] of 2.*alive"):
+            for i in range(100):
+                mq.enqueue(i, timeout=1.0)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+        mq.close()
+
+
+def test_reader_timeout_names_the_chunk_and_the_writer():
+    with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=2, busy_loop_s=0.01) as mq:
+        reader = MessageQueue.create_from_handle(pickle.loads(pickle.dumps(mq.export_handle())), 0)
+        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
+        t.start()
+        mq.wait_until_ready(10)
+        t.join()
+        mq.enqueue("one")
+        assert reader.dequeue(timeout=1) == "one"
+        with pytest.raises(TimeoutError, match=r"reader 0 waited 0.2 s for chunk 1 .*writer alive"):
+            reader.dequeue(timeout=0.2)
+        reader.close()
+
+
+def test_shutdown_wakes_a_blocked_reader():
+    with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=2, busy_loop_s=0.0) as mq:
+        reader = MessageQueue.create_from_handle(mq.export_handle(), 0)
+        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
+        t.start()
+        mq.wait_until_ready(10)
+        t.join()
+        outcome = []
+
+        def block():
+            try:
+                reader.dequeue()  # no timeout: only shutdown() can end this
+            except QueueShutdown as e:
+                outcome.append(e)
+        t = threading.Thread(target=block)
+        t.start()
+        reader.shutdown()
+        t.join(STEP_TIMEOUT_S)
+        assert not t.is_alive() and len(outcome) == 1
+        reader.close()
+
+
+def test_wait_until_ready_times_out_counting_subscriptions():
+    with MessageQueue(2, 2, max_chunk_bytes=256, max_chunks=2) as mq:
+        with pytest.raises(TimeoutError, match=r"2 reader subscriptions on ipc://.*\(got 0\)"):
+            mq.wait_until_ready(timeout=0.2)
+
+
+def test_ring_flags_follow_the_state_table():
+    ring = ShmRingBuffer(n_reader=2, max_chunk_bytes=16, max_chunks=2)
+    try:
+        w = ring.written_offset(1)
+        assert (ring.metadata_offset, w) == (32, 32 + 3)
+        assert ring.writable(0) and not ring.readable(0, 0)  # empty
+        data = ring.begin_write(0)
+        data[:3] = b"abc"
+        data.release()
+        ring.end_write(0)
+        assert bytes(ring.buf[32:35]) == b"\x01\x00\x00"  # fresh: w=1, nobody read
+        assert not ring.writable(0) and ring.readable(0, 0) and ring.readable(0, 1)
+        ring.end_read(0, 0)
+        assert not ring.writable(0) and not ring.readable(0, 0) and ring.unread_by(0) == [1]
+        ring.end_read(0, 1)
+        assert ring.writable(0)  # consumed by all
+        other = pickle.loads(pickle.dumps(ring))  # the handle attaches to the same memory
+        assert bytes(other.chunk(0)[:3]) == b"abc" and not other.is_creator
+        other.close()
+    finally:
+        ring.close()
+
+
+def test_attaching_with_a_wrong_handle_says_so():
+    ring = ShmRingBuffer(1, 64, 2)
+    try:
+        with pytest.raises(ValueError, match="does not match"):
+            ShmRingBuffer(1, 1 << 20, 2, name=ring.name)
+    finally:
+        ring.close()
+
+
+def test_shm_free_space_error_says_what_to_do():
+    with pytest.raises(RuntimeError, match=r"MiB free, the ring needs .*--shm-size"):
+        check_shm_free_space(1 << 60)
