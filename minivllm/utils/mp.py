@@ -1,0 +1,325 @@
+"""Child processes the way vLLM starts them: the start method, a ready handshake, a death pipe,
+and a shutdown that escalates.
+
+    handle = launch(engine_core_main, "EngineCore", args=(config,), ready_timeout=60)
+    handle.ready_message          # what the child passed to link.ready(...)
+    handle.shutdown()             # "exited" | "terminated" | "killed": the step that ended it
+
+The child's target is called as target(link, *args, **kwargs). It sets itself up, calls
+link.ready(message), then works until link.should_stop() (or link.wait_stop()).
+
+Two pipes join parent and child (vLLM's pair, vllm/v1/executor/multiproc_executor.py:826-828):
+
+    ready pipe  child -> parent   one message: ("ready", message) or ("error", traceback)
+    death pipe  parent -> child   b"stop" asks the child to stop; EOF means the parent is gone,
+                                  because the kernel closes the parent's end when it dies,
+                                  even of SIGKILL
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util  # noqa: F401  (imported first so that our atexit hook runs before its)
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing.context import BaseContext
+from typing import Any, Callable
+
+START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"  # vLLM's VLLM_WORKER_MULTIPROC_METHOD
+DEFAULT_START_METHOD = "fork"  # vLLM's default (vllm/envs.py:939): the cheapest start
+START_METHODS = ("fork", "spawn", "forkserver")
+READY_TIMEOUT_S = 60.0  # loading the model takes seconds on 2 cores; a minute means stuck
+STOP_GRACE_S = 5.0  # a child leaves its loop this fast after a polite request, or is terminated
+TERM_GRACE_S = 2.0  # after SIGTERM, before SIGKILL (vLLM waits 4 s, multiproc_executor.py:599)
+PARENT_DEATH_GRACE_S = 1.0  # an orphan's target gets this long to return before SIGTERM to self
+STOP_REQUEST = b"stop"
+EXIT_PARENT_DIED = 3  # the exit code of a child that outlived its parent's grace
+EXIT_TERMINATED = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM"
+
+
+# --- the start method ---------------------------------------------------------------------
+def cuda_is_initialized() -> bool:
+    """True when this process has a CUDA context (that a forked child cannot use)."""
+    torch = sys.modules.get("torch")  # never import torch just to ask
+    if torch is None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.is_initialized()
+
+
+def spawn_reasons() -> list[str]:
+    """Why fork is unsafe in this process right now; empty when it is safe."""
+    reasons = []
+    if cuda_is_initialized():
+        reasons.append("CUDA is initialized")
+    others = [t.name for t in threading.enumerate()
+              if t is not threading.main_thread() and not getattr(t, "fork_safe", False)]
+    if others:
+        reasons.append(f"{len(others)} threads besides the main thread are running "
+                       f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''})")
+    return reasons
+
+
+def choose_start_method() -> tuple[str, str]:
+    """(method, why): the environment variable, else fork, and spawn once fork is unsafe."""
+    requested = os.environ.get(START_METHOD_ENV, DEFAULT_START_METHOD)
+    if requested not in START_METHODS:
+        raise ValueError(f"{START_METHOD_ENV}={requested!r}: choose one of {', '.join(START_METHODS)}")
+    source = f"{START_METHOD_ENV}={requested}" if START_METHOD_ENV in os.environ else "the default"
+    if requested == "fork":  # spawn and forkserver start from a fresh interpreter
+        reasons = spawn_reasons()
+        if reasons:
+            return "spawn", f"spawn forced instead of fork: {'; '.join(reasons)}"
+    return requested, f"{requested} from {source}"
+
+
+def get_mp_context() -> BaseContext:
+    """The multiprocessing context minivllm starts its processes with."""
+    return multiprocessing.get_context(choose_start_method()[0])
+
+
+# --- errors ---------------------------------------------------------------------------------
+class ChildStartError(RuntimeError):
+    """The child failed, or died, before it reported ready."""
+
+
+class ReadyTimeoutError(TimeoutError):
+    """The child is alive but did not report ready in time."""
+
+
+# --- the child's side -----------------------------------------------------------------------
+class ChildLink:
+    """What a child's target receives: report ready once, then learn when to stop."""
+
+    def __init__(self, name: str, ready_conn: multiprocessing.connection.Connection):
+        self.name = name
+        self.parent_died = False
+        self._ready_conn: multiprocessing.connection.Connection | None = ready_conn
+        self._stop = threading.Event()
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready_conn is None
+
+    def ready(self, message: Any = None) -> None:
+        """Tell the parent that set-up is done; `message` (picklable) becomes ready_message."""
+        if self._ready_conn is None:
+            raise RuntimeError(f"{self.name}: ready() called twice")
+        self._ready_conn.send(("ready", message))
+        self._ready_conn.close()
+        self._ready_conn = None
+
+    def should_stop(self) -> bool:
+        return self._stop.is_set()
+
+    def wait_stop(self, timeout: float | None = None) -> bool:
+        """Block until a stop is requested (or the parent dies); False on timeout."""
+        return self._stop.wait(timeout)
+
+    def _fail(self, text: str) -> None:
+        if self._ready_conn is not None:
+            self._ready_conn.send(("error", text))
+            self._ready_conn.close()
+            self._ready_conn = None
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(EXIT_TERMINATED)  # unwinds the target, so its finally blocks run
+
+
+def _watch_parent(death_conn: multiprocessing.connection.Connection, link: ChildLink) -> None:
+    """Thread in the child: b"stop" sets the stop flag; EOF means the parent is gone."""
+    try:
+        while death_conn.recv_bytes() != b"":
+            link._stop.set()
+    except (EOFError, OSError):
+        pass
+    link.parent_died = True
+    link._stop.set()
+    time.sleep(PARENT_DEATH_GRACE_S)  # the target may return by itself
+    os.kill(os.getpid(), signal.SIGTERM)  # it did not: unwind it with SystemExit
+    time.sleep(PARENT_DEATH_GRACE_S)
+    os._exit(EXIT_PARENT_DIED)  # stuck in C code: leave anyway
+
+
+def _child_main(spec: Any, name: str, ready_conn, death_conn, parent_ends: list) -> None:
+    # Under fork the child holds copies of the parent's pipe ends; an open copy of a death
+    # pipe's write end would hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
+    for conn in parent_ends:
+        conn.close()
+    for handle in list(_LIVE):  # the parent's children are not ours to stop
+        handle._finalizer.detach()
+        _LIVE.discard(handle)
+    signal.signal(signal.SIGTERM, _raise_system_exit)
+    link = ChildLink(name, ready_conn)
+    watcher = threading.Thread(target=_watch_parent, args=(death_conn, link), daemon=True,
+                               name=f"{name}-death-pipe")
+    watcher.fork_safe = True  # it only blocks in read(2) and holds no lock a fork could copy
+    watcher.start()
+    try:
+        target, args, kwargs = pickle.loads(spec) if isinstance(spec, bytes) else spec
+        target(link, *args, **kwargs)
+    except BaseException:
+        if link.is_ready:
+            raise
+        link._fail(traceback.format_exc())
+        sys.exit(1)
+    if not link.is_ready:
+        link._fail(f"{name}: the target returned without calling link.ready()")
+        sys.exit(1)
+
+
+# --- the parent's side ----------------------------------------------------------------------
+def _escalate(process, death_writer, stop_timeout: float, term_timeout: float) -> str:
+    """Ask, then SIGTERM, then SIGKILL; returns the step that ended the process."""
+    how = "exited"
+    if process.is_alive():
+        try:
+            death_writer.send_bytes(STOP_REQUEST)
+        except OSError:
+            pass  # the child is already gone
+        process.join(stop_timeout)
+    if process.is_alive():
+        how = "terminated"
+        process.terminate()
+        process.join(term_timeout)
+    if process.is_alive():
+        how = "killed"
+        process.kill()
+        process.join()
+    death_writer.close()
+    return how
+
+
+_LIVE: "weakref.WeakSet[ProcHandle]" = weakref.WeakSet()
+
+
+class ProcHandle:
+    """The parent's handle on one launched child. Use as a context manager, or call shutdown()."""
+
+    def __init__(self, name: str, process, death_writer):
+        self.name, self.process = name, process
+        self.ready_message: Any = None
+        self.shutdown_how: str | None = None
+        self._death_writer = death_writer
+        self._finalizer = weakref.finalize(self, _escalate, process, death_writer,
+                                           STOP_GRACE_S, TERM_GRACE_S)
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the child exits (for select/poll)."""
+        return self.process.sentinel
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def request_stop(self) -> None:
+        """The polite step alone: the child's link.should_stop() becomes True."""
+        if not self._death_writer.closed:
+            try:
+                self._death_writer.send_bytes(STOP_REQUEST)
+            except OSError:
+                pass
+
+    def shutdown(self, timeout: float = STOP_GRACE_S, term_timeout: float = TERM_GRACE_S) -> str:
+        """Stop the child: request, wait `timeout` s, SIGTERM, wait, SIGKILL. Idempotent."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            self.shutdown_how = _escalate(self.process, self._death_writer, timeout, term_timeout)
+            _LIVE.discard(self)
+        return self.shutdown_how or "exited"
+
+    def __enter__(self) -> "ProcHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = self.shutdown_how or ("alive" if self.is_alive() else "exited")
+        return f"<ProcHandle {self.name} pid={self.pid} {state}>"
+
+
+def _ends_a_fork_copies() -> list:
+    """Parent ends of every live child's death pipe: a forked child must close its copies."""
+    return [h._death_writer for h in list(_LIVE) if not h._death_writer.closed]
+
+
+def _wait_ready(handle: ProcHandle, ready_reader, timeout: float) -> Any:
+    who = f"{handle.name} (pid {handle.pid})"
+    ready = multiprocessing.connection.wait([ready_reader, handle.sentinel], timeout)
+    if ready_reader in ready:
+        try:
+            kind, payload = ready_reader.recv()
+        except EOFError:
+            kind, payload = "died", None
+        if kind == "ready":
+            return payload
+        if kind == "error":
+            advice = ""
+            if "Can't get attribute" in payload or "__main__" in payload:
+                advice = ("\nThe child could not find the target: define it at the top level of an "
+                          "importable module, not in __main__ (a notebook or an unguarded script).")
+            raise ChildStartError(f"{who} failed before it reported ready:\n{payload}{advice}")
+    if ready or not handle.is_alive():
+        handle.process.join(1.0)
+        raise ChildStartError(f"{who} exited with code {handle.process.exitcode} before it "
+                              "reported ready; see its output above")
+    raise ReadyTimeoutError(f"{who} did not report ready within {timeout:g} s: it is stuck or "
+                            "slow. See its log above, or pass a larger ready_timeout")
+
+
+def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict | None = None,
+           *, ready_timeout: float = READY_TIMEOUT_S, context: BaseContext | None = None,
+           daemon: bool = False) -> ProcHandle:
+    """Start target(link, *args, **kwargs) in a child and wait until it calls link.ready().
+
+    Raises ChildStartError if the child fails or dies first, ReadyTimeoutError if it takes
+    longer than ready_timeout; either way the child is stopped before the error is raised.
+    A daemon child is killed when the parent exits normally, but may not start children.
+    """
+    ctx = context or get_mp_context()
+    forking = ctx.get_start_method() == "fork"
+    spec: Any = (target, tuple(args), dict(kwargs or {}))
+    if not forking:  # pickle here, so a target the child cannot import is reported, not lost
+        try:
+            spec = pickle.dumps(spec)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise ChildStartError(f"cannot send the target of {name} to a {ctx.get_start_method()} "
+                                  f"child: {e}. Define it at the top level of a module") from e
+    ready_reader, ready_writer = ctx.Pipe(duplex=False)
+    death_reader, death_writer = ctx.Pipe(duplex=False)
+    parent_ends = _ends_a_fork_copies() + [ready_reader, death_writer] if forking else []
+    process = ctx.Process(target=_child_main, name=name, daemon=daemon,
+                          args=(spec, name, ready_writer, death_reader, parent_ends))
+    process.start()
+    ready_writer.close()  # the child holds these ends now
+    death_reader.close()
+    handle = ProcHandle(name, process, death_writer)
+    try:
+        handle.ready_message = _wait_ready(handle, ready_reader, ready_timeout)
+    except BaseException:
+        handle.shutdown(timeout=0.0)
+        raise
+    finally:
+        ready_reader.close()
+    return handle
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """At exit, stop children the program forgot, before multiprocessing joins them forever."""
+    for handle in list(_LIVE):
+        handle.shutdown()
