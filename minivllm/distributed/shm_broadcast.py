@@ -32,7 +32,8 @@ from typing import Any
 import zmq
 
 from minivllm.distributed.shm_ring import ShmRingBuffer
-from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
+from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, notify_due,
+                                                 notify_socket)
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
 OVERFLOW = 1
@@ -125,6 +126,7 @@ class MessageQueue:
         self.local_socket = self.remote_socket = self.notify_socket = None
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
+        self._last_notify = float("-inf")
 
     def _xpub(self, address: str) -> zmq.Socket:
         sock = self.context.socket(zmq.XPUB)
@@ -207,7 +209,10 @@ class MessageQueue:
         self.current_idx = (idx + 1) % self.buffer.max_chunks
         if overflow:
             self.local_socket.send_multipart(frames, copy=False)
-        self.notify_socket.send(b"\x00")  # wakes readers blocked in poll; dropped if one waits
+        now = time.monotonic()
+        if notify_due(self.handle.busy_loop_s, self._last_notify, now):
+            self._last_notify = now
+            self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
 
     def _acquire_write(self, timeout: float | None) -> int:
         idx, start = self.current_idx, time.monotonic()
@@ -249,7 +254,7 @@ class MessageQueue:
                 raise TimeoutError(
                     f"reader {rank} waited {timeout:g} s for chunk {idx} of ring {ring.name} to be "
                     "written: is the writer alive and enqueueing?")
-            self.spin.wait(deadline)
+            self.spin.wait(deadline, lambda: ring.readable(idx, rank))
         chunk = ring.chunk(idx)
         overflow, count = _COUNT.unpack_from(chunk, 0)
         if not overflow:

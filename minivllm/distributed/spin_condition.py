@@ -3,12 +3,20 @@
 A reader that read something recently spins: it polls the ring's flag and calls
 os.sched_yield() between polls (about 1 µs, and another process may run). Never
 time.sleep(0): on CPython 3.11 that is a clock_nanosleep paying ~50 µs of timer slack.
-A reader idle for longer than busy_loop_s blocks in zmq poll on two sockets:
-  - the writer's notify socket: the writer sends one byte after every enqueue;
+A reader idle for longer than busy_loop_s re-checks the ring once more, then blocks in zmq
+poll on two sockets:
+  - the writer's notify socket: one byte after an enqueue (see notify_due below);
   - an inproc PAIR: shutdown(), from another thread of the reader's process, wakes it.
 The writer side is one XPUB socket with SNDHWM = 1 and readers' SUB sockets CONFLATE, so a
 busy writer never queues more than one pending notification per reader.
-vLLM's version: shm_broadcast.py:120-236 (vLLM 0.33.0).
+vLLM's version: shm_broadcast.py:120-236 (vLLM 0.33.0), which notifies after every enqueue.
+
+We notify at most once per busy_loop_s / 2 (a zmq send is about half of an enqueue's cost).
+No wakeup is lost: a reader blocks only busy_loop_s after its last read, and it re-checks
+the ring after deciding to block. A write the writer did not announce came less than
+busy_loop_s / 2 after an announced one, which the reader read (or it would not block), so
+the reader was still spinning then and sees the write. Only a writer preempted for more
+than busy_loop_s / 2 inside enqueue could slip through, and RECHECK_S bounds that delay.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from typing import Callable
 
 import zmq
 
@@ -25,6 +34,9 @@ BUSY_LOOP_S = 0.1
 # Longest block in poll before the reader re-reads the flag anyway: bounds the cost of a lost
 # notification (one that went out before this reader's subscription was live).
 RECHECK_S = 1.0
+# A busy reader drains its notify socket this often: libzmq queues one internal command per
+# notification until the socket is polled (vLLM: SHM_NOTIFY_POLL_INTERVAL_S, :75).
+DRAIN_S = 2.0
 
 _cancel_ids = itertools.count()
 
@@ -34,7 +46,7 @@ class SpinCondition:
 
     def __init__(self, context: zmq.Context, notify_addr: str, busy_loop_s: float = BUSY_LOOP_S):
         self.busy_loop_s = busy_loop_s
-        self.last_read = time.monotonic()
+        self.last_read = self.last_drain = time.monotonic()
         self.notify = context.socket(zmq.SUB)
         self.notify.setsockopt(zmq.CONFLATE, 1)
         self.notify.setsockopt(zmq.SUBSCRIBE, b"")
@@ -52,13 +64,22 @@ class SpinCondition:
         return [self.notify, self.cancel_rx, self.cancel_tx]
 
     def record_read(self) -> None:
-        self.last_read = time.monotonic()
+        self.last_read = now = time.monotonic()
+        if now - self.last_drain > DRAIN_S:
+            self.last_drain = now
+            if self.notify.poll(0):
+                self.notify.recv(zmq.NOBLOCK)
 
-    def wait(self, deadline: float | None) -> None:
-        """Spin once (yield), or block until a notification, a cancel, or the deadline."""
+    def wait(self, deadline: float | None, ready: Callable[[], bool]) -> None:
+        """Spin once (yield), or block until a notification, a cancel, or the deadline.
+
+        ready() re-reads the ring after the decision to block: see the module docstring.
+        """
         now = time.monotonic()
         if now - self.last_read <= self.busy_loop_s:
             os.sched_yield()
+            return
+        if ready():
             return
         wait_s = RECHECK_S if deadline is None else min(RECHECK_S, max(0.0, deadline - now))
         events = dict(self.poller.poll(timeout=int(wait_s * 1000)))
@@ -70,6 +91,11 @@ class SpinCondition:
     def cancel(self) -> None:
         """Wake a blocked wait(); call from another thread of the same process."""
         self.cancel_tx.send(b"\x00")
+
+
+def notify_due(busy_loop_s: float, last_notify: float, now: float) -> bool:
+    """Whether the writer must notify now (see the module docstring)."""
+    return now - last_notify >= busy_loop_s / 2
 
 
 def notify_socket(context: zmq.Context, address: str) -> zmq.Socket:

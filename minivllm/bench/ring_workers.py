@@ -1,0 +1,139 @@
+"""The processes of `minivllm bench ring`: a broadcast phase on either transport.
+
+Reader processes live for the whole benchmark. For every phase the writer makes a fresh
+channel (a MessageQueue, or a ZMQ XPUB socket over ipc), sends its address over the control
+pipe, and each reader attaches, receives `n` messages and reports back:
+    (perf_counter_ns at the last message, one-way latencies in ns, CPU seconds used).
+A message is [send time in perf_counter_ns, payload bytes]; perf_counter is CLOCK_MONOTONIC,
+which every process on the machine shares, so receive time minus send time is a latency.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from minivllm.distributed.shm_broadcast import MessageQueue
+from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+
+READY_TIMEOUT_S = 60.0  # readers attach within this, or the benchmark stops with an error
+RECV_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Phase:
+    transport: str  # "mq" or "pubsub"
+    size: int  # payload bytes
+    n: int  # messages
+    pace_s: float = 0.0  # 0: as fast as possible; > 0: one message per pace_s (latency)
+    busy_loop_s: float = 0.1  # MessageQueue readers: spin this long after a read, then block
+
+
+def pubsub_writer(n_reader: int) -> tuple[zmq.Context, zmq.Socket, str]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XPUB)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+    sock.setsockopt(zmq.SNDHWM, 0)  # PUB drops at the high-water mark; the benchmark must not
+    path = f"{tempfile.gettempdir()}/minivllm-bench-{uuid.uuid4().hex[:12]}"
+    sock.bind(f"ipc://{path}")
+    return ctx, sock, path
+
+
+def wait_subscriptions(sock: zmq.Socket, n: int) -> None:
+    for _ in range(n):
+        if not sock.poll(int(READY_TIMEOUT_S * 1000)):
+            raise TimeoutError(f"only some of {n} readers subscribed within {READY_TIMEOUT_S} s")
+        sock.recv()
+
+
+def reader_main(rank: int, conn) -> None:
+    """Run phases until the writer sends None."""
+    while (msg := conn.recv()) is not None:
+        phase, address = msg
+        conn.send(_run_phase(phase, address, rank))
+    conn.close()
+
+
+def _run_phase(phase: Phase, address, rank: int):
+    decoder = MsgpackDecoder()
+    if phase.transport == "mq":
+        mq = MessageQueue.create_from_handle(address, rank, decoder=decoder)
+        mq.wait_until_ready(READY_TIMEOUT_S)
+        recv = lambda: mq.dequeue(timeout=RECV_TIMEOUT_S)  # noqa: E731
+        close = mq.close
+    else:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(address)
+
+        def recv():
+            if not sock.poll(int(RECV_TIMEOUT_S * 1000)):
+                raise TimeoutError(f"no message on {address} within {RECV_TIMEOUT_S} s")
+            return decoder.decode(sock.recv_multipart(copy=False))
+
+        def close():
+            sock.close(linger=0)
+            ctx.term()
+    latencies = np.empty(phase.n, dtype=np.int64)
+    cpu0 = time.process_time()
+    for i in range(phase.n):
+        sent, _payload = recv()
+        latencies[i] = time.perf_counter_ns() - sent
+    done = time.perf_counter_ns()
+    cpu = time.process_time() - cpu0
+    close()
+    return done, latencies, cpu
+
+
+def write_phase(phase: Phase, send, n_reader: int) -> tuple[int, float]:
+    """Send phase.n messages with `send(obj)`; return (start ns, writer CPU seconds)."""
+    payload = os.urandom(phase.size)
+    cpu0, start = time.process_time(), time.perf_counter_ns()
+    next_at = time.perf_counter()
+    for _ in range(phase.n):
+        if phase.pace_s:
+            next_at += phase.pace_s
+            while (left := next_at - time.perf_counter()) > 0:
+                time.sleep(left)
+        send([time.perf_counter_ns(), payload])
+    return start, time.process_time() - cpu0
+
+
+def run_phase(phase: Phase, conns, max_chunk_bytes: int, max_chunks: int) -> dict:
+    """The writer's side of one phase; returns the row of the results table."""
+    n_reader = len(conns)
+    if phase.transport == "mq":
+        mq = MessageQueue(n_reader, n_reader, max_chunk_bytes, max_chunks,
+                          busy_loop_s=phase.busy_loop_s)
+        for conn in conns:
+            conn.send((phase, mq.export_handle()))
+        mq.wait_until_ready(READY_TIMEOUT_S)
+        start, wcpu = write_phase(phase, lambda o: mq.enqueue(o, timeout=RECV_TIMEOUT_S), n_reader)
+        reports = [conn.recv() for conn in conns]
+        mq.close()
+    else:
+        ctx, sock, path = pubsub_writer(n_reader)
+        encoder = MsgpackEncoder()
+        for conn in conns:
+            conn.send((phase, f"ipc://{path}"))
+        wait_subscriptions(sock, n_reader)
+        start, wcpu = write_phase(phase, lambda o: sock.send_multipart(encoder.encode(o)), n_reader)
+        reports = [conn.recv() for conn in conns]
+        sock.close(linger=0)
+        ctx.term()
+        os.unlink(path)
+    end = max(r[0] for r in reports)
+    lat_us = np.concatenate([r[1] for r in reports]) / 1e3
+    seconds = (end - start) / 1e9
+    return {"transport": phase.transport, "size": phase.size, "n": phase.n,
+            "msgs_per_s": phase.n / seconds, "MB_per_s": phase.n * phase.size / seconds / 1e6,
+            "p50_us": float(np.percentile(lat_us, 50)), "p99_us": float(np.percentile(lat_us, 99)),
+            "cpu_s": wcpu + sum(r[2] for r in reports), "wall_s": seconds}
