@@ -1,0 +1,39 @@
+"""`minivllm bench serial`: runs, carries every format intact, writes the JSON the design names."""
+
+import json
+
+from minivllm.bench import serial, serial_batch
+from minivllm.cli import main as cli_main
+
+
+def test_seed_batch_matches_the_reference_batch():
+    batch = serial_batch.seed_batch()
+    assert len(batch) == 256
+    assert sum(len(r["token_ids"]) for r in batch) == 8432
+    assert sum(len(r["block_ids"]) for r in batch) == 2048
+
+
+def test_every_format_roundtrips_the_batch():
+    batch = serial_batch.seed_batch(seed=5)
+    for name, (encode, decode) in serial_batch.codecs(batch).items():
+        assert serial_batch.same_batch(decode(encode()), batch), name
+
+
+def test_flat_format_sends_the_ids_out_of_band():
+    encode, _ = serial_batch.codecs(serial_batch.seed_batch())["flat_arrays"]
+    frames = encode()
+    assert len(frames) == 5  # body + token ids, token offsets, block ids, block offsets
+    assert frames[1].nbytes == 8432 * 4
+
+
+def test_bench_writes_json_with_rows_and_ratios(tmp_path, capsys):
+    out = tmp_path / "serial.json"
+    assert cli_main(["bench", "serial", "--quick", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["bench"] == "serial" and record["machine"]["pyzmq"]
+    cases = {r["case"] for r in record["results"]}
+    assert {"batch/pickle_dicts", "batch/msgpack_dicts", "batch/struct_lists",
+            "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle"} <= cases
+    for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_memcpy"):
+        assert record["ratios"][key] > 0
+    assert "msgpack_speedup_vs_pickle" in capsys.readouterr().out
