@@ -149,7 +149,8 @@ def _watch_parent(death_conn: multiprocessing.connection.Connection, link: Child
     os._exit(EXIT_PARENT_DIED)  # stuck in C code: leave anyway
 
 
-def _child_main(spec: Any, name: str, ready_conn, death_conn, parent_ends: list) -> None:
+def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, death_conn,
+                parent_ends: list) -> None:
     # Under fork the child holds copies of the parent's pipe ends; an open copy of a death
     # pipe's write end would hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
     for conn in parent_ends:
@@ -164,7 +165,8 @@ def _child_main(spec: Any, name: str, ready_conn, death_conn, parent_ends: list)
     watcher.fork_safe = True  # it only blocks in read(2) and holds no lock a fork could copy
     watcher.start()
     try:
-        target, args, kwargs = pickle.loads(spec) if isinstance(spec, bytes) else spec
+        if isinstance(target, bytes):  # pickled by launch(); unpickling imports its module
+            target = pickle.loads(target)
         target(link, *args, **kwargs)
     except BaseException:
         if link.is_ready:
@@ -292,10 +294,12 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
     """
     ctx = context or get_mp_context()
     forking = ctx.get_start_method() == "fork"
-    spec: Any = (target, tuple(args), dict(kwargs or {}))
-    if not forking:  # pickle here, so a target the child cannot import is reported, not lost
+    # Pickle the target here, so that a target the child cannot import is reported, not lost.
+    # (args are pickled by multiprocessing, which can pass pipes and sockets to a spawn child.)
+    sent_target: Any = target
+    if not forking:
         try:
-            spec = pickle.dumps(spec)
+            sent_target = pickle.dumps(target)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             raise ChildStartError(f"cannot send the target of {name} to a {ctx.get_start_method()} "
                                   f"child: {e}. Define it at the top level of a module") from e
@@ -303,7 +307,8 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
     death_reader, death_writer = ctx.Pipe(duplex=False)
     parent_ends = _ends_a_fork_copies() + [ready_reader, death_writer] if forking else []
     process = ctx.Process(target=_child_main, name=name, daemon=daemon,
-                          args=(spec, name, ready_writer, death_reader, parent_ends))
+                          args=(sent_target, tuple(args), dict(kwargs or {}), name, ready_writer,
+                                death_reader, parent_ends))
     process.start()
     ready_writer.close()  # the child holds these ends now
     death_reader.close()

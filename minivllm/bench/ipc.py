@@ -1,0 +1,212 @@
+"""`minivllm bench ipc`: pipe, Unix socket, TCP loopback and shared memory between two
+processes, against memcpy in one process, on this machine, in one run.
+
+    minivllm bench ipc [--quick] [--json FILE] [--plot FILE]
+
+Bandwidth: one child sends `count` messages of each size, the parent receives them; the
+median of REPEATS runs. memcpy is the limit: the same bytes copied once, into a private ring
+as large as the shm ring, in one process (exactly the shm sender's copy, without a receiver).
+Latency: round trips of a 64-byte message, p50 and p99. Context switches and CPU time are
+both processes' (psutil), summed over the runs of a point. The ratios compare each
+transport with memcpy at RATIO_SIZE, measured side by side.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+from tqdm.auto import tqdm
+
+from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
+from minivllm.bench.ipc_transports import COPIES_PER_BYTE, RING_BYTES, Transport, slots_for
+
+TRANSPORTS = ["pipe", "pipe_big", "unix", "tcp", "shm", "shm_copy"]
+SIZES = [64 * 4**k for k in range(10)]  # 64 B, 256 B, ..., 16 MiB
+QUICK_SIZES = [64, 4096, 262144, 2**20, 16 * 2**20]
+RATIO_SIZE = 2**20  # 1 MiB: a step's worth of tensors, where bandwidth, not latency, rules
+BYTES_PER_POINT = {False: 64 * 2**20, True: 32 * 2**20}  # per run; well past any cache
+MAX_MESSAGES = {False: 20_000, True: 4_000}  # caps tiny messages, whose cost is per call
+MIN_MESSAGES = 2
+REPEATS = {False: 5, True: 3}
+ROUND_TRIPS = {False: 2_000, True: 300}
+RTT_SIZE = 64
+
+
+def messages_for(size: int, quick: bool) -> int:
+    return max(MIN_MESSAGES, min(MAX_MESSAGES[quick], BYTES_PER_POINT[quick] // size))
+
+
+def _counters(procs: list[psutil.Process]) -> np.ndarray:
+    """voluntary, involuntary context switches and CPU seconds, summed over procs."""
+    total = np.zeros(3)
+    for p in procs:
+        cs, cpu = p.num_ctx_switches(), p.cpu_times()
+        total += (cs.voluntary, cs.involuntary, cpu.user + cpu.system)
+    return total
+
+
+def _row(transport: str, size: int, count: int, times: list[float], counters: np.ndarray,
+         **extra: Any) -> dict:
+    nbytes = size * count
+    runs = [nbytes / t / 1e9 for t in times]
+    return {"metric": "bandwidth", "transport": transport, "size": size, "messages": count,
+            "bytes": nbytes, "runs": len(times), "gbps": statistics.median(runs),
+            "gbps_min": min(runs), "gbps_max": max(runs),
+            "vol_cs": int(counters[0]), "invol_cs": int(counters[1]),
+            "cpu_s_per_gb": float(counters[2]) / (nbytes * len(times) / 1e9),
+            "copies_per_byte": COPIES_PER_BYTE[transport], **extra}
+
+
+def _latency_row(transport: str, times: list[float]) -> dict:
+    us = [t * 1e6 for t in times]
+    return {"metric": "latency", "transport": transport, "size": RTT_SIZE, "round_trips": len(us),
+            "p50_us": percentile(us, 50), "p99_us": percentile(us, 99)}
+
+
+def measure_memcpy(sizes: list[int], quick: bool, bar) -> list[dict]:
+    ring = np.zeros(RING_BYTES, np.uint8)  # prefaulted, like the shm ring
+    src = np.full(max(sizes), 7, np.uint8)
+    view, me = memoryview(ring), [psutil.Process()]
+    rows = []
+    for size in sizes:
+        count, slots, piece = messages_for(size, quick), slots_for(size), memoryview(src)[:size]
+        before, times = _counters(me), []
+        for _ in range(REPEATS[quick]):
+            start = time.perf_counter()
+            for i in range(count):
+                off = (i % slots) * size
+                view[off:off + size] = piece
+            times.append(time.perf_counter() - start)
+        rows.append(_row("memcpy", size, count, times, _counters(me) - before))
+        bar.update()
+    a, b = bytearray(RTT_SIZE), bytearray(b"p" * RTT_SIZE)
+    times = []
+    for _ in range(ROUND_TRIPS[quick]):  # the floor of a round trip: a copy there and back
+        start = time.perf_counter()
+        a[:] = b
+        b[:] = a
+        times.append(time.perf_counter() - start)
+    rows.append(_latency_row("memcpy", times))
+    bar.update()
+    return rows
+
+
+def measure_transport(kind: str, sizes: list[int], quick: bool, bar) -> list[dict]:
+    rows = []
+    with Transport(kind) as t:
+        procs = [psutil.Process(), psutil.Process(t.child.pid)]
+        for size in sizes:
+            count, dst = messages_for(size, quick), memoryview(np.zeros(size, np.uint8))
+            t.bandwidth(dst, min(count, MIN_MESSAGES))  # warm up: first touches, slow start
+            before = _counters(procs)
+            times = [t.bandwidth(dst, count) for _ in range(REPEATS[quick])]
+            extra = {"pipe_size": t.pipe_size} if t.pipe_size else {}
+            rows.append(_row(kind, size, count, times, _counters(procs) - before, **extra))
+            bar.update()
+        t.round_trips(RTT_SIZE, 10)  # warm up
+        rows.append(_latency_row(kind, t.round_trips(RTT_SIZE, ROUND_TRIPS[quick])))
+        bar.update()
+    return rows
+
+
+def ratios_of(rows: list[dict], size: int = RATIO_SIZE) -> dict[str, float]:
+    bw = {r["transport"]: r["gbps"] for r in rows if r["metric"] == "bandwidth" and r["size"] == size}
+    if "memcpy" not in bw:
+        return {}
+    return {f"{t}_vs_memcpy": bw[t] / bw["memcpy"] for t in TRANSPORTS if t in bw}
+
+
+def run(quick: bool | None = None, sizes: list[int] | None = None,
+        transports: list[str] | None = None, progress: bool = True) -> dict:
+    """Measure everything; returns {"results": rows, "ratios": {...}} (no file written)."""
+    quick = quick_mode() if quick is None else quick
+    sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    transports = transports or TRANSPORTS
+    with tqdm(total=(len(transports) + 1) * (len(sizes) + 1), desc="bench ipc", unit="point",
+              disable=not progress, leave=False) as bar:
+        rows = measure_memcpy(sizes, quick, bar)
+        for kind in transports:
+            bar.set_postfix_str(kind)
+            rows += measure_transport(kind, sizes, quick, bar)
+    return {"results": rows, "ratios": ratios_of(rows)}
+
+
+def fmt_size(n: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def print_report(record: dict) -> None:
+    rows = record["results"]
+    bw = [r for r in rows if r["metric"] == "bandwidth"]
+    names = list(dict.fromkeys(r["transport"] for r in bw))
+    sizes = sorted({r["size"] for r in bw})
+    print("bandwidth, GB/s (median of runs) by message size:")
+    grid = {(r["transport"], r["size"]): r["gbps"] for r in bw}
+    print_table([{"transport": n, **{fmt_size(s): grid.get((n, s), "") for s in sizes}} for n in names],
+                ["transport"] + [fmt_size(s) for s in sizes])
+    lat = {r["transport"]: r for r in rows if r["metric"] == "latency"}
+    at = {r["transport"]: r for r in bw if r["size"] == RATIO_SIZE}
+    summary = []
+    for n in names:
+        row = {"transport": n, "copies/byte": COPIES_PER_BYTE[n]}
+        if n in at:
+            r, mib = at[n], at[n]["bytes"] * at[n]["runs"] / 2**20
+            row.update({"GB/s @1MiB": r["gbps"], "x memcpy": r["gbps"] / at["memcpy"]["gbps"],
+                        "vol cs/MiB": r["vol_cs"] / mib, "invol cs/MiB": r["invol_cs"] / mib,
+                        "CPU s/GB": r["cpu_s_per_gb"]})
+        if n in lat:
+            row.update({"rtt p50 us": lat[n]["p50_us"], "rtt p99 us": lat[n]["p99_us"]})
+        summary.append(row)
+    print(f"\nsummary (ratios measured in this run; context switches of both processes):")
+    print_table(summary, ["transport", "GB/s @1MiB", "x memcpy", "rtt p50 us", "rtt p99 us",
+                          "copies/byte", "vol cs/MiB", "invol cs/MiB"])
+
+
+def plot(record: dict, path: str, title: str = "this machine") -> None:
+    """Bandwidth over message size, and round-trip latency, as one PNG."""
+    import matplotlib
+    if matplotlib.get_backend().lower().startswith("qt"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = record["results"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    for name in dict.fromkeys(r["transport"] for r in rows):
+        pts = sorted((r["size"], r["gbps"]) for r in rows
+                     if r["transport"] == name and r["metric"] == "bandwidth")
+        left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+                  linestyle="--" if name == "memcpy" else "-")
+    left.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="GB/s",
+             title=f"bandwidth between two processes ({title})")
+    left.legend(fontsize=8)
+    left.grid(True, which="both", alpha=0.3)
+    lat = [r for r in rows if r["metric"] == "latency"]
+    xs = np.arange(len(lat))
+    right.bar(xs - 0.2, [r["p50_us"] for r in lat], 0.4, label="p50")
+    right.bar(xs + 0.2, [r["p99_us"] for r in lat], 0.4, label="p99")
+    right.set_xticks(xs, [r["transport"] for r in lat], rotation=30, fontsize=8)
+    right.set(yscale="log", ylabel="microseconds", title=f"{RTT_SIZE} B round trip")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser("ipc", __doc__.splitlines()[0])
+    parser.add_argument("--plot", metavar="FILE", help="draw bandwidth and latency into a PNG")
+    args = parser.parse_args(argv)
+    quick = args.quick or quick_mode()
+    record = run(quick=quick)
+    print_report(record)
+    write_json(args.json, "ipc", record["results"], record["ratios"])
+    if args.plot:
+        plot(record, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,329 @@
+"""The transports `minivllm bench ipc` compares, both ends of each.
+
+The parent process receives; a child started with minivllm.utils.mp.launch sends. Per message:
+
+    transport   how a message moves                                    copies of each byte
+    pipe        write(2) into the kernel's pipe buffer, read(2) out     2 (user->kernel->user)
+    unix        AF_UNIX stream socketpair: send/recv_into               2
+    tcp         TCP over 127.0.0.1, NODELAY: send/recv_into             2 (+ the TCP stack)
+    shm         the sender copies into a slot of a shared ring, then    1: the receiver reads
+                writes one doorbell byte on a pipe; the receiver uses    the slot in place
+                the slot in place and acks on a second pipe (per batch)
+    shm_copy    the same, and the receiver copies the slot out          2, both in user space
+    memcpy      one copy in one process (the limit; see ipc.py)         1
+
+The child runs commands from a control pipe: ("bw", size, count) sends `count` messages,
+("rtt", size, count) echoes `count` messages, ("stop",) returns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import multiprocessing
+import os
+import socket
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+
+from minivllm.utils.mp import ProcHandle, launch
+
+COPIES_PER_BYTE = {"pipe": 2, "pipe_big": 2, "unix": 2, "tcp": 2, "shm": 1, "shm_copy": 2,
+                   "memcpy": 1}
+RING_BYTES = 64 * 2**20  # the shm ring: 64 slots of 1 MiB, far beyond L2, like a real batch
+MAX_SLOTS = 64  # a doorbell byte per slot: more slots only add memory, not overlap
+MIN_SLOTS = 2  # double buffering: the sender fills one slot while the receiver drains another
+CTRL_BYTES = 128  # ping and pong flags of the shm round trip, one cache line each
+PING, PONG = 0, 64  # offsets of the flags inside the control region
+SPIN_CHECK_EVERY = 1024  # spins between clock reads while waiting on a flag
+SPIN_TIMEOUT_S = 10.0  # a flag not seen in this long means the peer is gone
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux only
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+PIPE_MAX_SIZE_FILE = "/proc/sys/fs/pipe-max-size"
+BELL_READ_MAX = 4096  # doorbell bytes read at once: that many slots become ready
+
+
+def slots_for(size: int) -> int:
+    return max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // max(size, 1)))
+
+
+def grow_pipe(fd: int) -> int:
+    """Grow a pipe's buffer to pipe-max-size (or as far as the per-user limit lets); new size."""
+    try:
+        with open(PIPE_MAX_SIZE_FILE) as f:
+            want = int(f.read())
+    except OSError:
+        want = 2**20
+    while want > 65536:
+        try:
+            return fcntl.fcntl(fd, F_SETPIPE_SZ, want)
+        except OSError:  # EPERM above pipe-user-pages-soft: try half
+            want //= 2
+    return fcntl.fcntl(fd, F_GETPIPE_SZ)
+
+
+# --- a byte stream over two fds or a socket ----------------------------------------------
+class FdStream:
+    def __init__(self, rfd: int, wfd: int):
+        self.rfd, self.wfd = rfd, wfd
+
+    def send(self, view: memoryview) -> None:
+        while view:
+            view = view[os.write(self.wfd, view):]
+
+    def recv_into(self, view: memoryview) -> None:
+        while view:
+            n = os.readv(self.rfd, [view])
+            if n == 0:
+                raise EOFError("the peer closed the pipe")
+            view = view[n:]
+
+
+class SockStream:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def send(self, view: memoryview) -> None:
+        self.sock.sendall(view)
+
+    def recv_into(self, view: memoryview) -> None:
+        while view:
+            n = self.sock.recv_into(view)
+            if n == 0:
+                raise EOFError("the peer closed the socket")
+            view = view[n:]
+
+
+# --- shared memory: a ring of slots, a doorbell pipe and an ack pipe ---------------------
+class ShmRing:
+    """One end of the ring. `ring` maps RING_BYTES + CTRL_BYTES of the same segment."""
+
+    def __init__(self, ring: memoryview, bell: FdStream, ack: FdStream):
+        self.ring, self.bell, self.ack = ring, bell, ack
+        self.flags = ring[RING_BYTES:RING_BYTES + CTRL_BYTES]
+
+    def send_stream(self, src: memoryview, count: int) -> None:
+        size, slots = len(src), slots_for(len(src))
+        credits, head = slots, 0
+        for _ in range(count):
+            if credits == 0:
+                credits += len(os.read(self.ack.rfd, BELL_READ_MAX))
+            off = (head % slots) * size
+            self.ring[off:off + size] = src  # the one copy on this side
+            os.write(self.bell.wfd, b"\x01")
+            head, credits = head + 1, credits - 1
+        while credits < slots:  # every slot back before the next run
+            credits += len(os.read(self.ack.rfd, BELL_READ_MAX))
+
+    def recv_stream(self, dst: memoryview, count: int, copy_out: bool) -> None:
+        """copy_out=False reads in place: it checks the first and last byte of each message,
+        the way a consumer that wraps the slot as an array (np.frombuffer) costs nothing more."""
+        size, slots = len(dst), slots_for(len(dst))
+        tail = pending = done = 0
+        for _ in range(count):
+            if pending == 0:
+                if done:
+                    os.write(self.ack.wfd, b"\x01" * done)  # free the batch we copied
+                    done = 0
+                pending = len(os.read(self.bell.rfd, BELL_READ_MAX))
+            off = (tail % slots) * size
+            if copy_out:
+                dst[:] = self.ring[off:off + size]  # the one copy on this side
+            elif self.ring[off] != self.ring[off + size - 1]:
+                raise ValueError("a torn message in the shm ring")
+            tail, pending, done = tail + 1, pending - 1, done + 1
+        if done:
+            os.write(self.ack.wfd, b"\x01" * done)
+
+    def wait_flag(self, where: int, value: int) -> None:
+        spins, deadline = 0, time.monotonic() + SPIN_TIMEOUT_S
+        while self.flags[where] != value:
+            os.sched_yield()  # about 1 us; time.sleep(0) would cost about 60 us
+            spins += 1
+            if spins % SPIN_CHECK_EVERY == 0 and time.monotonic() > deadline:
+                raise TimeoutError(f"shm flag at {where} never became {value}: is the peer alive?")
+
+    def ping(self, src: memoryview, dst: memoryview, seq: int) -> None:
+        """Parent: payload into slot 0, raise the ping flag, spin until the pong flag answers."""
+        n = len(src)
+        self.ring[:n] = src
+        self.flags[PING] = seq  # x86 keeps stores in order; chapter 05 covers other CPUs
+        self.wait_flag(PONG, seq)
+        dst[:] = self.ring[n:2 * n]
+
+    def pong(self, buf: memoryview, seq: int) -> None:
+        n = len(buf)
+        self.wait_flag(PING, seq)
+        buf[:] = self.ring[:n]
+        self.ring[n:2 * n] = buf
+        self.flags[PONG] = seq
+
+
+def _seq(i: int) -> int:
+    return i % 255 + 1  # a flag byte: consecutive values differ and are never 0
+
+
+# --- the child ------------------------------------------------------------------------------
+def _child_channel(kind: str, ends: dict):
+    if kind in ("pipe", "pipe_big"):
+        return FdStream(ends["r"].fileno(), ends["w"].fileno())
+    if kind in ("shm", "shm_copy"):
+        return _child_ring(ends["name"], ends["bell"], ends["ack"])
+    if kind == "unix":
+        return SockStream(ends["sock"])
+    if kind == "tcp":
+        sock = socket.create_connection(("127.0.0.1", ends["port"]))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return SockStream(sock)
+    raise ValueError(f"unknown transport {kind!r}")
+
+
+def _child_ring(name: str, bell: Connection, ack: Connection) -> ShmRing:
+    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)  # not SharedMemory: the parent owns it
+    mapped = mmap.mmap(fd, RING_BYTES + CTRL_BYTES, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    os.close(fd)
+    return ShmRing(memoryview(mapped), FdStream(0, bell.fileno()), FdStream(ack.fileno(), 0))
+
+
+def peer_main(link, kind: str, ends: dict, ctrl: Connection) -> None:
+    """The sending child of one transport (the target given to mp.launch)."""
+    chan = _child_channel(kind, ends)
+    src = np.full(max(RING_BYTES // 4, 1), 7, np.uint8)  # prefaulted source of every message
+    link.ready(os.getpid())
+    while True:
+        cmd = ctrl.recv()
+        if cmd[0] == "stop":
+            break
+        mode, size, count = cmd
+        view = memoryview(src)[:size] if size <= len(src) else memoryview(np.ones(size, np.uint8))
+        if mode == "bw" and kind.startswith("shm"):
+            chan.send_stream(view, count)
+        elif mode == "bw":
+            for _ in range(count):
+                chan.send(view)
+        elif kind.startswith("shm"):
+            buf = memoryview(bytearray(size))
+            for i in range(count):
+                chan.pong(buf, _seq(i))
+        else:
+            buf = memoryview(bytearray(size))
+            for _ in range(count):
+                chan.recv_into(buf)
+                chan.send(buf)
+        ctrl.send("done")
+
+
+# --- the parent -----------------------------------------------------------------------------
+class Transport:
+    """The receiving end of one transport and its sending child. Close it (or use `with`)."""
+
+    def __init__(self, kind: str, ready_timeout: float = 60.0):
+        self.kind, self.pipe_size, self._closers = kind, None, []
+        ctrl_r, self.ctrl = multiprocessing.Pipe()  # commands down, "done" back
+        ends, self.chan = self._open(kind)
+        try:
+            self.child: ProcHandle = launch(peer_main, f"ipc-{kind}", args=(kind, ends, ctrl_r),
+                                            ready_timeout=ready_timeout)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            ctrl_r.close()
+            for end in ends.values():
+                if hasattr(end, "close"):
+                    end.close()  # the child holds its own copies now
+        if kind == "tcp":
+            conn, _ = self._listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._closers.append(conn.close)
+            self.chan = SockStream(conn)
+
+    def _open(self, kind: str):
+        if kind in ("pipe", "pipe_big"):
+            (to_parent_r, to_parent_w), (to_child_r, to_child_w) = os.pipe(), os.pipe()
+            if kind == "pipe_big":
+                self.pipe_size = grow_pipe(to_parent_w)
+                grow_pipe(to_child_w)
+            else:
+                self.pipe_size = fcntl.fcntl(to_parent_w, F_GETPIPE_SZ)
+            self._closers += [lambda: os.close(to_parent_r), lambda: os.close(to_child_w)]
+            ends = {"r": Connection(to_child_r), "w": Connection(to_parent_w)}
+            return ends, FdStream(to_parent_r, to_child_w)
+        if kind == "unix":
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._closers.append(mine.close)
+            return {"sock": theirs}, SockStream(mine)
+        if kind == "tcp":
+            self._listener = socket.create_server(("127.0.0.1", 0))
+            self._closers.append(self._listener.close)
+            return {"port": self._listener.getsockname()[1]}, None
+        if kind in ("shm", "shm_copy"):
+            self._shm = SharedMemory(create=True, size=RING_BYTES + CTRL_BYTES)
+            self._closers += [self._shm.unlink, self._shm.close]
+            np.frombuffer(self._shm.buf, np.uint8)[:] = 0  # prefault: first touches are 9x slower
+            bell_r, bell_w = os.pipe()
+            ack_r, ack_w = os.pipe()
+            self._closers += [lambda: os.close(bell_r), lambda: os.close(ack_w)]
+            ends = {"name": self._shm.name, "bell": Connection(bell_w), "ack": Connection(ack_r)}
+            ring = ShmRing(self._shm.buf, FdStream(bell_r, 0), FdStream(0, ack_w))
+            self._closers.insert(2, ring.flags.release)  # a view must go before close()
+            return ends, ring
+        raise ValueError(f"unknown transport {kind!r}: choose pipe, pipe_big, unix, tcp, shm or "
+                         "shm_copy")
+
+    def bandwidth(self, dst: memoryview, count: int) -> float:
+        """Seconds to receive `count` messages of len(dst) bytes."""
+        start = time.perf_counter()
+        self.ctrl.send(("bw", len(dst), count))
+        if self.kind.startswith("shm"):
+            self.chan.recv_stream(dst, count, copy_out=self.kind == "shm_copy")
+        else:
+            for _ in range(count):
+                self.chan.recv_into(dst)
+        elapsed = time.perf_counter() - start
+        self._expect_done()
+        return elapsed
+
+    def round_trips(self, size: int, count: int) -> list[float]:
+        """Seconds of each of `count` round trips of a `size`-byte message."""
+        src, dst = memoryview(bytearray(b"p" * size)), memoryview(bytearray(size))
+        if self.kind.startswith("shm"):
+            self.chan.flags[PING] = self.chan.flags[PONG] = 0
+        self.ctrl.send(("rtt", size, count))
+        times = []
+        for i in range(count):
+            start = time.perf_counter()
+            if self.kind.startswith("shm"):
+                self.chan.ping(src, dst, _seq(i))
+            else:
+                self.chan.send(src)
+                self.chan.recv_into(dst)
+            times.append(time.perf_counter() - start)
+        self._expect_done()
+        return times
+
+    def _expect_done(self) -> None:
+        if not self.ctrl.poll(SPIN_TIMEOUT_S) or self.ctrl.recv() != "done":
+            raise RuntimeError(f"the {self.kind} sender did not finish its run")
+
+    def close(self) -> None:
+        child = getattr(self, "child", None)
+        if child is not None:
+            try:
+                self.ctrl.send(("stop",))
+            except OSError:
+                pass
+            child.shutdown()
+        self.ctrl.close()
+        while self._closers:
+            self._closers.pop()()  # last opened, first closed
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
