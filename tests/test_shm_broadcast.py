@@ -212,3 +212,13 @@ def test_attaching_with_a_wrong_handle_says_so():
 def test_shm_free_space_error_says_what_to_do():
     with pytest.raises(RuntimeError, match=r"MiB free, the ring needs .*--shm-size"):
         check_shm_free_space(1 << 60)
+
+
+def test_executor_shape_broadcast_then_one_reply_queue_per_worker():
+    from minivllm.bench.ring_executor_demo import DemoExecutor, step_round_trips
+
+    with DemoExecutor(world_size=2) as executor:
+        replies = executor.execute(0, np.arange(10, dtype=np.int32))
+        assert replies == [{"rank": 0, "step": 0, "partial_sum": 20},
+                           {"rank": 1, "step": 0, "partial_sum": 25}]
+        assert len(step_round_trips(executor, steps=50, n_tokens=100_000)) == 50  # overflows too

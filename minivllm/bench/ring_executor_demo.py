@@ -1,0 +1,102 @@
+"""MessageQueue the way the executor (chapter 08) uses it, with a stand-in for the model.
+
+    executor (engine core)  --rpc MessageQueue (1 writer, N readers)-->  worker 0 .. N-1
+    executor                <--reply MessageQueue per worker (1 reader)--  each worker
+
+This mirrors vLLM's MultiprocExecutor (vllm/v1/executor/multiproc_executor.py:178 creates the
+broadcast queue, :492 enqueues each call, :507 dequeues each reply) and WorkerProc (:720
+attaches with create_from_handle, :725 creates its reply MessageQueue(1, 1)).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+from minivllm.distributed.shm_broadcast import MessageQueue
+
+READY_TIMEOUT_S = 60.0
+STEP_TIMEOUT_S = 30.0
+
+
+def worker_main(rpc_handle, rank: int, conn) -> None:
+    """A worker process: read every step from the broadcast queue, reply on its own queue."""
+    rpc = MessageQueue.create_from_handle(rpc_handle, rank)
+    reply = MessageQueue(1, 1, max_chunk_bytes=1 << 16, max_chunks=4)
+    conn.send(reply.export_handle())  # the executor attaches to it as reader 0
+    rpc.wait_until_ready(READY_TIMEOUT_S)
+    reply.wait_until_ready(READY_TIMEOUT_S)
+    try:
+        while True:
+            method, step = rpc.dequeue()
+            if method == "shutdown":
+                break
+            # A stand-in for the forward pass: tensor-parallel rank `rank` owns a slice.
+            ids = step["token_ids"]
+            reply.enqueue({"rank": rank, "step": step["step"],
+                           "partial_sum": int(ids[rank::step["world_size"]].sum())})
+    finally:
+        rpc.close()
+        reply.close()
+
+
+class DemoExecutor:
+    """Starts `world_size` workers and broadcasts steps to them; collects one reply each."""
+
+    def __init__(self, world_size: int = 2, max_chunk_bytes: int = 1 << 16, max_chunks: int = 8):
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.rpc = MessageQueue(world_size, world_size, max_chunk_bytes, max_chunks)
+        pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+        self.procs = [ctx.Process(target=worker_main, args=(self.rpc.export_handle(), r, tx),
+                                  daemon=True) for r, (_, tx) in enumerate(pipes)]
+        for p in self.procs:
+            p.start()
+        self.replies = []
+        for rx, _ in pipes:
+            if not rx.poll(READY_TIMEOUT_S):
+                raise TimeoutError(f"a worker did not send its reply handle in {READY_TIMEOUT_S} s")
+            self.replies.append(MessageQueue.create_from_handle(rx.recv(), 0))
+        self.rpc.wait_until_ready(READY_TIMEOUT_S)
+        for mq in self.replies:
+            mq.wait_until_ready(READY_TIMEOUT_S)
+
+    def execute(self, step: int, token_ids: np.ndarray) -> list[dict]:
+        """One broadcast, then one reply from every worker, in rank order."""
+        self.rpc.enqueue(("execute_model", {"step": step, "token_ids": token_ids,
+                                            "world_size": self.world_size}),
+                         timeout=STEP_TIMEOUT_S)
+        return [mq.dequeue(timeout=STEP_TIMEOUT_S) for mq in self.replies]
+
+    def close(self) -> None:
+        self.rpc.enqueue(("shutdown", None), timeout=STEP_TIMEOUT_S)
+        for p in self.procs:
+            p.join(READY_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for mq in self.replies:
+            mq.close()
+        self.rpc.close()
+
+    def __enter__(self) -> "DemoExecutor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def step_round_trips(executor: DemoExecutor, steps: int, n_tokens: int) -> np.ndarray:
+    """Time `steps` broadcast + reply round trips, in microseconds each."""
+    rng = np.random.default_rng(0)
+    times = np.empty(steps)
+    for i in range(steps):
+        ids = rng.integers(0, 50_000, n_tokens, dtype=np.int32)
+        start = time.perf_counter()
+        replies = executor.execute(i, ids)
+        times[i] = (time.perf_counter() - start) * 1e6
+        if sum(r["partial_sum"] for r in replies) != int(ids.sum()):
+            raise AssertionError(f"step {i}: the workers' partial sums do not add up")
+    return times
