@@ -47,6 +47,11 @@ def ring_variant(name: str = WRONG_ORDER) -> types.ModuleType:
     return _load("ring_wrong_order", source=variant.apply(ex.solution.read_text()))
 
 
+def reference_ring() -> types.ModuleType:
+    """Exercise 213's reference solution, loaded as a module."""
+    return _load("ring_reference", path=exercise.find("213").solution)
+
+
 def run_scenario(ring: types.ModuleType, **scenario):
     """Run 213's interleaving test scenario on `ring`; returns the explorer's SearchResult."""
     tests = _load("exercise_213_tests", path=exercise.find("213").tests)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from minivllm.distributed.shm_broadcast import MessageQueue
 
 READY_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 30.0
+JOIN_TIMEOUT_S = 10.0  # a worker that got "shutdown" exits at once; after that, kill it
 
 
 def worker_main(rpc_handle, rank: int, conn) -> None:
@@ -63,21 +65,26 @@ class DemoExecutor:
         for mq in self.replies:
             mq.wait_until_ready(READY_TIMEOUT_S)
 
-    def execute(self, step: int, token_ids: np.ndarray) -> list[dict]:
+    def execute(self, step: int, token_ids: np.ndarray,
+                timeout: float = STEP_TIMEOUT_S) -> list[dict]:
         """One broadcast, then one reply from every worker, in rank order."""
         self.rpc.enqueue(("execute_model", {"step": step, "token_ids": token_ids,
-                                            "world_size": self.world_size}),
-                         timeout=STEP_TIMEOUT_S)
-        return [mq.dequeue(timeout=STEP_TIMEOUT_S) for mq in self.replies]
+                                            "world_size": self.world_size}), timeout=timeout)
+        return [mq.dequeue(timeout=timeout) for mq in self.replies]
 
     def close(self) -> None:
-        self.rpc.enqueue(("shutdown", None), timeout=STEP_TIMEOUT_S)
+        try:
+            self.rpc.enqueue(("shutdown", None), timeout=STEP_TIMEOUT_S / 10)
+        except TimeoutError:
+            pass  # a dead worker never frees its chunk: the join below kills the rest
         for p in self.procs:
-            p.join(READY_TIMEOUT_S)
+            p.join(JOIN_TIMEOUT_S)
             if p.is_alive():
                 p.kill()
                 p.join()
-        for mq in self.replies:
+        for p, mq in zip(self.procs, self.replies):
+            if p.exitcode != 0:
+                _remove_segment(mq.buffer.name)  # a killed worker never unlinked its reply ring
             mq.close()
         self.rpc.close()
 
@@ -86,6 +93,16 @@ class DemoExecutor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _remove_segment(name: str) -> None:
+    """Unlink a dead process's segment (and drop it from the shared resource tracker)."""
+    try:
+        shm = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    shm.close()
+    shm.unlink()
 
 
 def step_round_trips(executor: DemoExecutor, steps: int, n_tokens: int) -> np.ndarray:
