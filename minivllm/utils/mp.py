@@ -8,7 +8,7 @@ and a shutdown that escalates.
 The child's target is called as target(link, *args, **kwargs). It sets itself up, calls
 link.ready(message), then works until link.should_stop() (or link.wait_stop()).
 
-Two pipes join parent and child (vLLM's pair, vllm/v1/executor/multiproc_executor.py:826-828):
+Two pipes join parent and child (vLLM's pair, vllm/v1/executor/multiproc_executor.py:825-827):
 
     ready pipe  child -> parent   one message: ("ready", message) or ("error", traceback)
     death pipe  parent -> child   b"stop" asks the child to stop; EOF means the parent is gone,
