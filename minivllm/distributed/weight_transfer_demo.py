@@ -24,6 +24,9 @@ from minivllm.distributed.weight_transfer import WeightMismatchError, WeightRece
 
 READY_TIMEOUT_S = 60.0  # a spawned child imports torch first: seconds on a busy 2-core machine
 REPLY_TIMEOUT_S = 120.0  # a pickle of 256 MB on a slow machine
+# The engine's work is memory-bound copies. A second OpenMP thread buys little, and on a busy
+# 2-core machine a descheduled one stalls every copy: rounds measured up to 100x slower.
+ENGINE_THREADS = 1
 MIB = 1 << 20
 
 
@@ -76,6 +79,7 @@ def checksums(model: nn.Module) -> dict[str, str]:
 
 def engine_main(conn, hidden: int, n_layers: int, device: str = "cpu") -> None:
     """The child's loop (a module-level function: spawn cannot pickle one from __main__)."""
+    torch.set_num_threads(ENGINE_THREADS)
     model = build_model(hidden, n_layers, device=device)
     receiver = WeightReceiver(conn)
     conn.send_bytes(b"ready")
