@@ -81,6 +81,9 @@ def startup_cost(method: str, starts: int | None = None) -> dict[str, float]:
         ready.append(time.perf_counter() - start)
         handle.shutdown()
         total.append(time.perf_counter() - start)
+    if method == "forkserver":  # stop the server and remove its socket file: leave nothing
+        from multiprocessing import forkserver
+        forkserver._forkserver._stop()
     return {"method": method, "ready_ms": statistics.median(ready) * 1e3,
             "ready_and_exit_ms": statistics.median(total) * 1e3}
 
