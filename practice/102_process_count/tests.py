@@ -1,0 +1,34 @@
+"""The judge's tests for exercise 102. Each receives the learner's module as `pc`."""
+
+from minivllm.judge.api import Fail, check_equal, test
+
+
+@test(input="tp=4 (vllm serve -tp=4) and tp=2, dp=4 (vllm serve -tp=2 -dp=4)")
+def docs_examples(pc):
+    check_equal(pc.serve_process_count(tp=4, dp=1), 6, "processes of `serve -tp=4` (1 + 1 + 4)")
+    check_equal(pc.serve_process_count(tp=2, dp=4), 17,
+                "processes of `serve -tp=2 -dp=4` (4 API + 4 cores + 8 workers + 1 coordinator)")
+
+
+@test(input="tp=1, dp=1 and tp=1, dp=2")
+def worker_in_engine_core_at_tp1(pc):
+    check_equal(pc.serve_process_count(tp=1, dp=1), 2,
+                "processes at tp=1 (the worker is inside the engine core: 1 API + 1 core)")
+    check_equal(pc.serve_process_count(tp=1, dp=2), 2 + 2 + 1, "processes at tp=1, dp=2")
+
+
+@test(input="tp=2, dp=2, pp=2, with api_server_count 1 and None")
+def api_servers_and_pipeline(pc):
+    check_equal(pc.serve_process_count(tp=2, dp=2, pp=2, api_server_count=1), 1 + 2 + 8 + 1,
+                "processes with one API server")
+    check_equal(pc.serve_process_count(tp=2, dp=2, pp=2), 2 + 2 + 8 + 1,
+                "processes with the default API server count (= dp)")
+
+
+@test(input="tp=0")
+def rejects_bad_sizes(pc):
+    try:
+        pc.serve_process_count(tp=0, dp=1)
+    except ValueError:
+        return
+    raise Fail("tp=0 must raise ValueError")

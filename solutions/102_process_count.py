@@ -1,0 +1,13 @@
+"""Reference answer of exercise 102."""
+
+from __future__ import annotations
+
+
+def serve_process_count(tp: int, dp: int, pp: int = 1, api_server_count: int | None = None) -> int:
+    if min(tp, dp, pp) < 1:
+        raise ValueError(f"tp={tp}, dp={dp}, pp={pp}: parallel sizes start at 1")
+    api = dp if api_server_count is None else api_server_count
+    world = tp * pp  # workers of one engine core
+    workers = dp * world if world > 1 else 0  # uni executor: the worker is in the engine core
+    coordinator = 1 if dp > 1 else 0
+    return api + dp + workers + coordinator
