@@ -199,6 +199,12 @@ class WeightSender:
     def close(self) -> None:
         self._finalizer()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 # --- engine side ---------------------------------------------------------------------------
 class WeightReceiver:
@@ -245,6 +251,12 @@ class WeightReceiver:
     def close(self) -> None:
         self._mapped = []
         self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def check_update(targets: Mapping[str, torch.Tensor], metas: list[TensorMeta]) -> None:
