@@ -57,13 +57,36 @@ class DemoExecutor:
         for p in self.procs:
             p.start()
         self.replies = []
-        for rx, _ in pipes:
-            if not rx.poll(READY_TIMEOUT_S):
-                raise TimeoutError(f"a worker did not send its reply handle in {READY_TIMEOUT_S} s")
-            self.replies.append(MessageQueue.create_from_handle(rx.recv(), 0))
+        try:
+            for rank, (rx, _) in enumerate(pipes):
+                self.replies.append(MessageQueue.create_from_handle(self._handle(rank, rx), 0))
+        except BaseException:
+            self._stop_workers()
+            self.rpc.close()
+            raise
         self.rpc.wait_until_ready(READY_TIMEOUT_S)
         for mq in self.replies:
             mq.wait_until_ready(READY_TIMEOUT_S)
+
+    def _handle(self, rank: int, rx):
+        """Worker rank's reply handle; fail fast if the worker dies before sending it."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not rx.poll(0.1):
+            proc = self.procs[rank]
+            if not proc.is_alive():
+                raise RuntimeError(f"worker {rank} exited with code {proc.exitcode} before it was "
+                                   "ready (see its traceback above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {rank} did not send its reply handle within "
+                                   f"{READY_TIMEOUT_S:g} s")
+        return rx.recv()
+
+    def _stop_workers(self) -> None:
+        for p in self.procs:
+            p.join(JOIN_TIMEOUT_S if p.exitcode is None else 0)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
     def execute(self, step: int, token_ids: np.ndarray,
                 timeout: float = STEP_TIMEOUT_S) -> list[dict]:
@@ -77,11 +100,7 @@ class DemoExecutor:
             self.rpc.enqueue(("shutdown", None), timeout=STEP_TIMEOUT_S / 10)
         except TimeoutError:
             pass  # a dead worker never frees its chunk: the join below kills the rest
-        for p in self.procs:
-            p.join(JOIN_TIMEOUT_S)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        self._stop_workers()
         for p, mq in zip(self.procs, self.replies):
             if p.exitcode != 0:
                 _remove_segment(mq.buffer.name)  # a killed worker never unlinked its reply ring

@@ -174,6 +174,9 @@ def _attach(name: str) -> shared_memory.SharedMemory:
     resource_tracker.register = lambda name, rtype: None
     try:
         return shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shared-memory segment {name} does not exist: its creator closed "
+                                "it or exited before this process attached") from None
     finally:
         resource_tracker.register = register
 
