@@ -2,8 +2,13 @@
 KV cache, SwiGLU, tied embeddings.
 
 Weights are kept as (in, out) and applied as `x @ W` (faster on CPU than F.linear on (out, in)),
-with q/k/v fused into one matrix and gate/up into another, so a layer is four matmuls. For
-tensor parallelism later, qkv and gate_up split by columns and o and down by rows.
+with q/k/v fused into one matrix and gate/up into another, so a layer is four matmuls.
+
+MKL runs a skinny matmul (a decode step: a few rows times a big matrix) on one thread, which
+reads memory at about half the speed two cores can. So each matrix is stored split by output
+columns into one slab per thread, (parts, in, out / parts), and applied with one `bmm`, which
+runs the slabs in parallel: tensor parallelism across the cores of one CPU. Tensor parallelism
+across workers later splits the same way (qkv and gate_up by columns, o and down by rows).
 In vLLM: vllm/model_executor/models/llama.py.
 """
 
@@ -18,14 +23,29 @@ from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_atte
 from minivllm.model.config import ModelConfig
 
 
+def split_columns(w: torch.Tensor, parts: int) -> torch.Tensor:
+    """(in, out) -> (parts, in, out / parts), contiguous; one part if out does not divide."""
+    if parts < 2 or w.shape[1] % parts:
+        return w.contiguous()[None]
+    return w.view(w.shape[0], parts, -1).transpose(0, 1).contiguous()
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (M, in) @ a column-split weight (parts, in, out / parts) -> (M, out)."""
+    if w.shape[0] == 1:
+        return x @ w[0]
+    out = torch.bmm(x.expand(w.shape[0], *x.shape), w)  # (parts, M, out / parts)
+    return out.transpose(0, 1).reshape(x.shape[0], -1)
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # (hidden,)
-    qkv: torch.Tensor  # (hidden, (heads + 2 * kv_heads) * head_dim)
-    o: torch.Tensor  # (heads * head_dim, hidden)
+    qkv: torch.Tensor  # (parts, hidden, (heads + 2 * kv_heads) * head_dim / parts)
+    o: torch.Tensor  # (parts, heads * head_dim, hidden / parts)
     post_norm: torch.Tensor  # (hidden,)
-    gate_up: torch.Tensor  # (hidden, 2 * intermediate)
-    down: torch.Tensor  # (intermediate, hidden)
+    gate_up: torch.Tensor  # (parts, hidden, 2 * intermediate / parts)
+    down: torch.Tensor  # (parts, intermediate, hidden / parts)
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,8 +61,9 @@ def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, 
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, parts: int | None = None) -> None:
         self.config, self.dtype = config, dtype
+        self.parts = parts or torch.get_num_threads()  # column slabs per matrix
         c = config
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
@@ -52,8 +73,8 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
             return weights[name].to(dtype)
 
-        def matrix(*names: str) -> torch.Tensor:  # (out, in) pieces -> one (in, out) matrix
-            return torch.cat([take(n) for n in names], dim=0).t().contiguous()
+        def matrix(*names: str) -> torch.Tensor:  # (out, in) pieces -> one split (in, out)
+            return split_columns(torch.cat([take(n) for n in names], dim=0).t(), self.parts)
 
         self.layers = []
         for i in range(c.num_layers):
@@ -66,7 +87,7 @@ class LlamaModel:
                 gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 down=matrix(p + "mlp.down_proj.weight")))
         self.norm = take("model.norm.weight")
-        # One (hidden, vocab) matrix serves as the output head and, by columns, the embedding.
+        # One (hidden, vocab) matrix is the output head and, by columns, the embedding.
         head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
         self.lm_head = matrix(head)
         self.embed_tokens = (None if c.tie_word_embeddings
@@ -76,7 +97,8 @@ class LlamaModel:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
             return self.embed_tokens[input_ids]
-        return self.lm_head.index_select(1, input_ids).t()
+        part_size = self.lm_head.shape[2]
+        return self.lm_head[input_ids // part_size, :, input_ids % part_size]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -89,20 +111,20 @@ class LlamaModel:
         shape, eps = (c.hidden_size,), c.rms_norm_eps
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = F.rms_norm(x, shape, layer.input_norm, eps)
-            qkv = h @ layer.qkv
+            qkv = matmul(h, layer.qkv)
             qk = qkv[:, :self.q_size + self.kv_size].view(n, heads_qk, c.head_dim)
             qk = qk * cos + qk.roll(c.head_dim // 2, -1) * sin
             v = qkv[:, self.q_size + self.kv_size:].view(n, c.num_kv_heads, c.head_dim)
             attn = paged_attention(qk[:, :c.num_heads], qk[:, c.num_heads:], v, kv_cache, meta)
-            x = torch.addmm(x, attn, layer.o)
+            x += matmul(attn, layer.o)
             h = F.rms_norm(x, shape, layer.post_norm, eps)
-            gate_up = h @ layer.gate_up
+            gate_up = matmul(h, layer.gate_up)
             act = F.silu(gate_up[:, :c.intermediate_size]).mul_(gate_up[:, c.intermediate_size:])
-            x = torch.addmm(x, act, layer.down)
+            x += matmul(act, layer.down)
         return F.rms_norm(x, shape, self.norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.lm_head).float()
+        return matmul(hidden, self.lm_head).float()
 
     @torch.inference_mode()
     def score(self, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
