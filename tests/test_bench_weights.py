@@ -1,9 +1,13 @@
 """`minivllm bench weights`: structure and behaviour of the record, never its timings."""
 
 import json
+import multiprocessing.resource_tracker
 
 from minivllm.bench import weights
 from minivllm.cli import bench_names
+
+# The tracker that spawn starts lives as long as pytest: start it before the leak snapshot.
+multiprocessing.resource_tracker.ensure_running()
 
 
 def test_bench_weights_writes_the_record_with_the_headline_ratio(tmp_path, capsys):

@@ -6,6 +6,7 @@ Tests marked `cuda` run only where torch sees a GPU (scripts/gpu_check.sh runs t
 """
 
 import gc
+import multiprocessing.resource_tracker
 import multiprocessing as mp
 import os
 import threading
@@ -18,6 +19,8 @@ from minivllm.distributed.weight_transfer import (MAX_FDS_PER_MESSAGE, WeightMis
                                                   WeightTransferError, export_weights)
 from minivllm.distributed.weight_transfer_demo import EngineProcess, build_model, checksums
 
+# The tracker that spawn starts lives as long as pytest: start it before the leak snapshot.
+multiprocessing.resource_tracker.ensure_running()
 HIDDEN, LAYERS = 64, 3
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
