@@ -93,16 +93,6 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self.backend.id_to_token(i) for i in ids]
 
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special_ids
-
-    @property
-    def _special_ids(self) -> set[int]:
-        if not hasattr(self, "_special_cache"):
-            self._special_cache = {i for i, t in self.backend.get_added_tokens_decoder().items()
-                                   if t.special}
-        return self._special_cache
-
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")

@@ -1,6 +1,6 @@
 """The engine's configuration: one dataclass, validated once, shared by every layer.
 
-In vLLM the same role is played by VllmConfig (vllm/config/__init__.py), which bundles the
+In vLLM the same role is played by VllmConfig (vllm/config/vllm.py:349), which bundles the
 model, cache, scheduler and parallel configs.
 """
 

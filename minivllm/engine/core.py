@@ -2,7 +2,7 @@
 
 This is the in-process core: the caller adds `EngineCoreRequest`s and calls `step()`, which
 returns `EngineCoreOutputs`, the same messages a later chapter sends over ZMQ when the core
-runs in its own process (EngineCoreProc). In vLLM: vllm/v1/engine/core.py.
+runs in its own process (EngineCoreProc). In vLLM: vllm/v1/engine/core.py:121 (step at :667).
 """
 
 from __future__ import annotations

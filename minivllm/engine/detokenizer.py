@@ -3,8 +3,9 @@
 Byte-level BPE splits a multi-byte character (an accented letter, an emoji) across tokens, and
 decoding a token on its own gives U+FFFD for the missing bytes. So we decode a short window of
 recent tokens twice, before and after the new ones, emit only the difference, and wait while the
-window ends in U+FFFD. In vLLM: vllm/v1/engine/detokenizer.py and
-vllm/transformers_utils/detokenizer_utils.py (detokenize_incrementally).
+window ends in U+FFFD. In vLLM: SlowIncrementalDetokenizer and check_stop_strings,
+vllm/v1/engine/detokenizer.py:262 and :321; detokenize_incrementally,
+vllm/tokenizers/detokenizer_utils.py:176.
 """
 
 from __future__ import annotations

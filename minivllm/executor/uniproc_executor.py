@@ -1,5 +1,5 @@
 """One worker, in the engine core's own process: every call is a method call.
-In vLLM: vllm/v1/executor/uniproc_executor.py."""
+In vLLM: vllm/v1/executor/uniproc_executor.py:51."""
 
 from __future__ import annotations
 

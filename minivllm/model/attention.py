@@ -10,7 +10,7 @@ A step's tokens are flattened: first the decode sequences (one query token each)
 prefill chunks (many query tokens each, with earlier context possibly already cached). Decodes
 go through one batched gather and two matmuls; each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
-`reorder_batch` in vllm/v1/attention/backends/utils.py.
+reorder_batch_to_split_decodes_and_prefills, vllm/v1/attention/backends/utils.py:939.
 """
 
 from __future__ import annotations

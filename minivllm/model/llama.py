@@ -9,7 +9,7 @@ reads memory at about half the speed two cores can. So each matrix is stored spl
 columns into one slab per thread, (parts, in, out / parts), and applied with one `bmm`, which
 runs the slabs in parallel: tensor parallelism across the cores of one CPU. Tensor parallelism
 across workers later splits the same way (qkv and gate_up by columns, o and down by rows).
-In vLLM: vllm/model_executor/models/llama.py.
+In vLLM: vllm/model_executor/models/llama.py:464.
 """
 
 from __future__ import annotations

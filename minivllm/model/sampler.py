@@ -4,14 +4,15 @@ Random rows draw by the exponential race (argmax of p / E with E ~ Exp(1) is a s
 as vLLM does, so one code path serves every row. A seeded request draws its noise from a
 generator seeded by (seed, number of tokens it has sampled so far): the result depends on
 neither the batch it ran in nor on a preemption, and the worker keeps no generator state.
-In vLLM: vllm/v1/sample/sampler.py and vllm/v1/sample/ops/topk_topp_sampler.py.
+In vLLM: Sampler, vllm/v1/sample/sampler.py:78; random_sample (the exponential race),
+vllm/v1/sample/ops/topk_topp_sampler.py:606.
 """
 
 from __future__ import annotations
 
 import torch
 
-GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM's _SAMPLING_EPS)
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM: vllm/sampling_params.py:32)
 SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one generator seed
 
 

@@ -2,7 +2,7 @@
 
 With one worker it is an object inside the engine core process (UniProcExecutor); with tensor
 parallelism each worker will live in its own process (WorkerProc) and receive the same
-SchedulerOutput by broadcast. In vLLM: vllm/v1/worker/gpu_worker.py.
+SchedulerOutput by broadcast. In vLLM: vllm/v1/worker/gpu_worker.py:197.
 """
 
 from __future__ import annotations
