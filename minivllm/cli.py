@@ -10,15 +10,21 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from pathlib import Path
 
 import minivllm.bench
 
 
 def bench_names() -> list[str]:
-    """Benchmarks are the modules of minivllm.bench that define main(argv)."""
+    """Benchmarks are the modules of minivllm.bench that define main(argv).
+
+    Read as text, not imported: a helper module (code a benchmark's child runs) is no
+    benchmark, and importing every one would pull in torch just to print a list.
+    """
     names = []
     for info in pkgutil.iter_modules(minivllm.bench.__path__):
-        if not info.name.startswith("_") and info.name != "common":
+        path = Path(info.module_finder.path) / f"{info.name}.py"
+        if not info.name.startswith("_") and path.exists() and "\ndef main(" in path.read_text():
             names.append(info.name)
     return sorted(names)
 
