@@ -20,6 +20,7 @@ local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broa
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import tempfile
@@ -38,7 +39,6 @@ from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
 OVERFLOW = 1
 _COUNT = struct.Struct("<BH")  # overflow byte, frame count
-_LEN = "<{}I"
 MAX_FRAMES = 0xFFFF  # the u16 frame count
 # A writer that finds the ring full spins this long, then sleeps with a growing pause:
 # readers drain a chunk in microseconds, so a long wait means a stalled (or dead) reader.
@@ -190,23 +190,25 @@ class MessageQueue:
             self.remote_socket.send_multipart(frames, copy=False)
 
     def _write_local(self, frames: list[memoryview], timeout: float | None) -> None:
-        header = _COUNT.size + 4 * len(frames)
-        total = header + sum(f.nbytes for f in frames)
-        overflow = total > self.buffer.max_chunk_bytes or len(frames) > MAX_FRAMES
-        idx = self._acquire_write(timeout)
-        chunk = self.buffer.begin_write(idx)
+        ring, n = self.buffer, len(frames)
+        sizes = [f.nbytes for f in frames]
+        header = _COUNT.size + 4 * n
+        overflow = header + sum(sizes) > ring.max_chunk_bytes or n > MAX_FRAMES
+        idx = self.current_idx
+        if not ring.writable(idx):
+            self._wait_writable(idx, timeout)
+        chunk = ring.begin_write(idx)
         if overflow:
             chunk[0] = OVERFLOW
         else:
-            _COUNT.pack_into(chunk, 0, 0, len(frames))
-            struct.pack_into(_LEN.format(len(frames)), chunk, _COUNT.size, *(f.nbytes for f in frames))
+            _header(n).pack_into(chunk, 0, 0, n, *sizes)
             offset = header
-            for f in frames:
-                chunk[offset:offset + f.nbytes] = f
-                offset += f.nbytes
+            for f, size in zip(frames, sizes):
+                chunk[offset:offset + size] = f
+                offset += size
         chunk.release()
-        self.buffer.end_write(idx)
-        self.current_idx = (idx + 1) % self.buffer.max_chunks
+        ring.end_write(idx)
+        self.current_idx = (idx + 1) % ring.max_chunks
         if overflow:
             self.local_socket.send_multipart(frames, copy=False)
         now = time.monotonic()
@@ -214,9 +216,8 @@ class MessageQueue:
             self._last_notify = now
             self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
 
-    def _acquire_write(self, timeout: float | None) -> int:
-        idx, start = self.current_idx, time.monotonic()
-        pause = 0.0
+    def _wait_writable(self, idx: int, timeout: float | None) -> None:
+        start, pause = time.monotonic(), 0.0
         while not self.buffer.writable(idx):
             if self.shutting_down:
                 raise QueueShutdown("enqueue() interrupted: the MessageQueue was shut down")
@@ -231,7 +232,6 @@ class MessageQueue:
             else:
                 pause = min(WRITER_MAX_SLEEP_S, pause * 2 or 50e-6)
                 time.sleep(pause)
-        return idx
 
     # --- readers -------------------------------------------------------------------------
     def dequeue(self, timeout: float | None = None) -> Any:
@@ -247,21 +247,14 @@ class MessageQueue:
 
     def _read_local(self, deadline: float | None, timeout: float | None) -> list:
         idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
-        while not ring.readable(idx, rank):
-            if self.shutting_down:
-                raise QueueShutdown("dequeue() interrupted: the MessageQueue was shut down")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"reader {rank} waited {timeout:g} s for chunk {idx} of ring {ring.name} to be "
-                    "written: is the writer alive and enqueueing?")
-            self.spin.wait(deadline, lambda: ring.readable(idx, rank))
-        chunk = ring.chunk(idx)
-        overflow, count = _COUNT.unpack_from(chunk, 0)
+        if not ring.readable(idx, rank):
+            self._wait_readable(idx, deadline, timeout)
+        buf, start = ring.buf, idx * ring.max_chunk_bytes
+        overflow, count = _COUNT.unpack_from(buf, start)
         if not overflow:
-            lengths = struct.unpack_from(_LEN.format(count), chunk, _COUNT.size)
-            start = _COUNT.size + 4 * count
-            data = memoryview(bytearray(chunk[start:start + sum(lengths)]))  # one copy out
-        chunk.release()
+            lengths = _lengths(count).unpack_from(buf, start + _COUNT.size)
+            begin = start + _COUNT.size + 4 * count
+            data = memoryview(bytearray(buf[begin:begin + sum(lengths)]))  # one copy out
         ring.end_read(idx, rank)
         self.current_idx = (idx + 1) % ring.max_chunks
         self.spin.record_read()
@@ -273,6 +266,18 @@ class MessageQueue:
             frames.append(data[offset:offset + n])
             offset += n
         return frames
+
+    def _wait_readable(self, idx: int, deadline: float | None, timeout: float | None) -> None:
+        rank, ring = self.local_reader_rank, self.buffer
+        ready = lambda: ring.readable(idx, rank)  # noqa: E731
+        while not ready():
+            if self.shutting_down:
+                raise QueueShutdown("dequeue() interrupted: the MessageQueue was shut down")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reader {rank} waited {timeout:g} s for chunk {idx} of ring {ring.name} to be "
+                    "written: is the writer alive and enqueueing?")
+            self.spin.wait(deadline, ready)
 
     def _recv(self, sock: zmq.Socket, deadline: float | None, what: str) -> list:
         while not sock.poll(_poll_ms(deadline)):
@@ -305,6 +310,17 @@ class MessageQueue:
 
 # A blocked poll wakes at least this often to look at shutting_down.
 _SHUTDOWN_POLL_MS = 100
+
+
+@functools.lru_cache(maxsize=64)
+def _header(n: int) -> struct.Struct:
+    """overflow byte, u16 count, n x u32 length: one pack_into per message."""
+    return struct.Struct(f"<BH{n}I")
+
+
+@functools.lru_cache(maxsize=64)
+def _lengths(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}I")
 
 
 def _poll_ms(deadline: float | None) -> int:

@@ -100,6 +100,9 @@ class ShmRingBuffer:
                                  f"{self.total_bytes}: the handle does not match the segment")
         self.name = self.shared_memory.name
         self.buf = self.shared_memory.buf
+        # Precomputed: the hot paths below run once per message on every side.
+        self._written = [self.metadata_offset + i * self.metadata_size for i in range(max_chunks)]
+        self._none_read, self._all_read = bytes(n_reader), b"\x01" * n_reader
         self._finalizer = weakref.finalize(self, _release, self.shared_memory, self.is_creator,
                                            os.getpid())
 
@@ -114,47 +117,47 @@ class ShmRingBuffer:
         return idx * self.max_chunk_bytes
 
     def written_offset(self, idx: int) -> int:
-        return self.metadata_offset + idx * self.metadata_size
+        return self._written[idx]
 
     # --- the flag protocol ---------------------------------------------------------------
     def writable(self, idx: int) -> bool:
         """Chunk idx is empty or consumed by every reader."""
-        w = self.written_offset(idx)
+        w, buf = self._written[idx], self.buf
         memory_fence()
-        return not self.buf[w] or sum(self.buf[w + 1:w + self.metadata_size]) == self.n_reader
+        return not buf[w] or buf[w + 1:w + self.metadata_size] == self._all_read
 
     def unread_by(self, idx: int) -> list[int]:
         """The readers that have not read chunk idx yet (for error messages)."""
-        w = self.written_offset(idx)
+        w = self._written[idx]
         return [k for k in range(self.n_reader) if not self.buf[w + 1 + k]]
 
     def begin_write(self, idx: int) -> memoryview:
         """Mark chunk idx empty and return its data for the writer to fill."""
-        self.buf[self.written_offset(idx)] = 0
-        start = self.data_offset(idx)
+        self.buf[self._written[idx]] = 0
+        start = idx * self.max_chunk_bytes
         return self.buf[start:start + self.max_chunk_bytes]
 
     def end_write(self, idx: int) -> None:
         """Publish chunk idx: clear the read flags first, then set the written flag."""
-        w = self.written_offset(idx)
-        self.buf[w + 1:w + self.metadata_size] = bytes(self.n_reader)
+        w, buf = self._written[idx], self.buf
+        buf[w + 1:w + self.metadata_size] = self._none_read
         memory_fence()  # the data and the cleared flags before w = 1
-        self.buf[w] = 1
+        buf[w] = 1
         memory_fence()  # w = 1 leaves this core's store buffer now
 
     def readable(self, idx: int, reader: int) -> bool:
-        w = self.written_offset(idx)
+        w, buf = self._written[idx], self.buf
         memory_fence()
-        return bool(self.buf[w]) and not self.buf[w + 1 + reader]
+        return buf[w] == 1 and buf[w + 1 + reader] == 0
 
     def chunk(self, idx: int) -> memoryview:
-        start = self.data_offset(idx)
+        start = idx * self.max_chunk_bytes
         return self.buf[start:start + self.max_chunk_bytes]
 
     def end_read(self, idx: int, reader: int) -> None:
         """Release chunk idx for this reader; call it only after the data is copied out."""
         memory_fence()  # the copy-out completes before the writer can see r_k = 1
-        self.buf[self.written_offset(idx) + 1 + reader] = 1
+        self.buf[self._written[idx] + 1 + reader] = 1
         memory_fence()
 
     def close(self) -> None:
