@@ -237,11 +237,12 @@ not promise that in general. A **memory fence** (barrier) is an instruction that
 
 - **x86-64 (TSO).** Stores become visible to other cores in program order, and loads are not
   reordered with other loads. The one reordering allowed is a later load passing an earlier store
-  to a different address, through the store buffer (Intel SDM, Vol. 3A, §8.2.2 "Memory Ordering in
-  P6 and More Recent Processor Families"). So "data, then flag" is already safe on x86 for the
-  writer, and "flag, then data" for the reader.
+  to a different address, through the store buffer (Intel SDM, Vol. 3A, section "Memory Ordering
+  in P6 and More Recent Processor Families", 8.2.2 in older editions). So "data, then flag" is
+  already safe on x86 for the writer, and "flag, then data" for the reader.
 - **ARMv8 (AArch64).** Weakly ordered: independent stores may become visible out of order, and so
-  may loads (Arm ARM, section B2.3 "Definition of the Armv8 memory model"). The writer needs a barrier
+  may loads (Arm Architecture Reference Manual for A-profile, chapter B2, "The AArch64
+  Application Level Memory Model"). The writer needs a barrier
   (`DMB ISH`, or a store-release `STLR` for the flag) between the data and the flag; the reader
   needs one (`DMB ISHLD` or a load-acquire `LDAR`) between the flag and the data.
 
@@ -395,11 +396,18 @@ os.rmdir(os.path.dirname(out))
 """)
 
 md("""
-Reference, measured once elsewhere (2 vCPU EPYC, see `BENCHMARKS.md`; a raw ring without
-serialization): shm ring with `os.sched_yield` polling 331k msgs/s, paced p50 8.3 µs; ZMQ PUB/SUB
-over ipc 116k msgs/s, p50 112 µs. Your ratios above are the comparison that counts: both
-transports ran side by side on your machine. On a 2-core machine that other programs share,
-messages/s swing by 2x between runs, because three spinning processes share two cores.
+Reference, measured once elsewhere (2 vCPU EPYC, see `BENCHMARKS.md`; a raw ring that moves
+bytes, with no serialization): shm ring with `os.sched_yield` polling 331k msgs/s, paced p50
+8.3 µs; ZMQ PUB/SUB over ipc 116k msgs/s, p50 112 µs. Your ratios above are the comparison that
+counts: both transports ran side by side on your machine.
+
+Two things to read in them. The paced latency ratio is the robust one: a spinning reader sees a
+message within microseconds, where PUB/SUB pays the ZMQ I/O thread and a wake-up. The messages/s
+ratio depends on the machine being quiet. Three processes share two cores, and every spin is CPU
+that the writer or the other reader needed; when other programs also want the cores,
+`sched_yield` hands them the CPU, and the ring's lead shrinks (it can even vanish). A `MessageQueue`
+message costs about 3 µs of Python on each side (msgpack, flags, fences, one copy), so its ceiling
+here is a few hundred thousand messages per second; PUB/SUB spends most of its CPU in libzmq.
 """)
 
 code("""
@@ -474,9 +482,16 @@ print(inspect.getsource(spin_condition.SpinCondition.wait))
 print(inspect.getsource(spin_condition.notify_due))
 """)
 
-md("`shm_broadcast.py`: `MessageQueue` packing a message into a chunk, and reading it back out.")
+md("""
+`message_chunk.py`: one message in one chunk (exercise 214 asks you to write this), and
+`shm_broadcast.py`: `MessageQueue` writing a message into the ring, and reading it back out.
+""")
 
 code("""
+from minivllm.distributed import message_chunk
+
+print(inspect.getsource(message_chunk.pack_into))
+print(inspect.getsource(message_chunk.unpack_from))
 print(inspect.getsource(shm_broadcast.MessageQueue._write_local))
 print(inspect.getsource(shm_broadcast.MessageQueue._read_local))
 """)

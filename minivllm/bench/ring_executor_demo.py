@@ -11,6 +11,7 @@ attaches with create_from_handle, :725 creates its reply MessageQueue(1, 1)).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from multiprocessing import shared_memory
 
@@ -102,8 +103,8 @@ class DemoExecutor:
             pass  # a dead worker never frees its chunk: the join below kills the rest
         self._stop_workers()
         for p, mq in zip(self.procs, self.replies):
-            if p.exitcode != 0:
-                _remove_segment(mq.buffer.name)  # a killed worker never unlinked its reply ring
+            if p.exitcode != 0:  # a killed worker never removed its reply ring and sockets
+                _remove_leftovers(mq.export_handle())
             mq.close()
         self.rpc.close()
 
@@ -114,14 +115,21 @@ class DemoExecutor:
         self.close()
 
 
-def _remove_segment(name: str) -> None:
-    """Unlink a dead process's segment (and drop it from the shared resource tracker)."""
+def _remove_leftovers(handle) -> None:
+    """Remove what a dead writer left: its segment (also dropping it from the resource tracker
+    the workers share with us) and its ipc socket files."""
     try:
-        shm = shared_memory.SharedMemory(name=name)
+        shm = shared_memory.SharedMemory(name=handle.buffer_handle[3])
     except FileNotFoundError:
-        return
-    shm.close()
-    shm.unlink()
+        pass
+    else:
+        shm.close()
+        shm.unlink()
+    for address in (handle.local_subscribe_addr, handle.local_notify_addr):
+        try:
+            os.unlink(address.removeprefix("ipc://"))
+        except (FileNotFoundError, AttributeError):
+            pass
 
 
 def step_round_trips(executor: DemoExecutor, steps: int, n_tokens: int) -> np.ndarray:

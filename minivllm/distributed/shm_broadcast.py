@@ -5,24 +5,16 @@ writes every step once, and each of the N workers reads it; each worker replies 
 MessageQueue with one reader. Readers on this node read the ring (ShmRingBuffer); readers
 on other nodes (n_reader - n_local_reader of them) get every message over tcp PUB/SUB.
 
-A chunk holds one message, as MsgpackEncoder's frames (minivllm/serial.py):
-
-    byte 0           1 = overflow: the frames went to the XPUB socket instead
-    bytes 1..2       frame count n, u16 little-endian
-    bytes 3..3+4n    the length of each frame, u32 little-endian
-    then             the frames, back to back
-
-A message whose frames do not fit one chunk overflows: the chunk carries only byte 0 = 1,
-which keeps its place in the order, and the frames follow on the XPUB socket that every
+A chunk holds one message in the format of message_chunk.py. A message whose frames do not
+fit one chunk overflows: the chunk carries only an OVERFLOW byte, which keeps its place in the
+order, and the frames follow on the XPUB socket that every
 local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broadcast.py
 (0.33.0): MessageQueue :495, enqueue :912, dequeue :980, wait_until_ready :688.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import struct
 import tempfile
 import time
 import uuid
@@ -32,14 +24,12 @@ from typing import Any
 
 import zmq
 
+from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import ShmRingBuffer
 from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, notify_due,
                                                  notify_socket)
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
-OVERFLOW = 1
-_COUNT = struct.Struct("<BH")  # overflow byte, frame count
-MAX_FRAMES = 0xFFFF  # the u16 frame count
 # A writer that finds the ring full spins this long, then sleeps with a growing pause:
 # readers drain a chunk in microseconds, so a long wait means a stalled (or dead) reader.
 WRITER_SPIN_S = 0.05
@@ -190,22 +180,12 @@ class MessageQueue:
             self.remote_socket.send_multipart(frames, copy=False)
 
     def _write_local(self, frames: list[memoryview], timeout: float | None) -> None:
-        ring, n = self.buffer, len(frames)
-        sizes = [f.nbytes for f in frames]
-        header = _COUNT.size + 4 * n
-        overflow = header + sum(sizes) > ring.max_chunk_bytes or n > MAX_FRAMES
+        ring, sizes = self.buffer, [f.nbytes for f in frames]
         idx = self.current_idx
         if not ring.writable(idx):
             self._wait_writable(idx, timeout)
         chunk = ring.begin_write(idx)
-        if overflow:
-            chunk[0] = OVERFLOW
-        else:
-            _header(n).pack_into(chunk, 0, 0, n, *sizes)
-            offset = header
-            for f, size in zip(frames, sizes):
-                chunk[offset:offset + size] = f
-                offset += size
+        overflow = not message_chunk.pack_into(chunk, frames, sizes)
         chunk.release()
         ring.end_write(idx)
         self.current_idx = (idx + 1) % ring.max_chunks
@@ -249,22 +229,13 @@ class MessageQueue:
         idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
         if not ring.readable(idx, rank):
             self._wait_readable(idx, deadline, timeout)
-        buf, start = ring.buf, idx * ring.max_chunk_bytes
-        overflow, count = _COUNT.unpack_from(buf, start)
-        if not overflow:
-            lengths = _lengths(count).unpack_from(buf, start + _COUNT.size)
-            begin = start + _COUNT.size + 4 * count
-            data = memoryview(bytearray(buf[begin:begin + sum(lengths)]))  # one copy out
+        frames = message_chunk.unpack_from(ring.buf, idx * ring.max_chunk_bytes)
         ring.end_read(idx, rank)
         self.current_idx = (idx + 1) % ring.max_chunks
         self.spin.record_read()
-        if overflow:
+        if frames is None:  # overflow: the frames come on the socket, in the same order
             return self._recv(self.local_socket, deadline, "an overflow message on "
                               + _endpoint(self.local_socket))
-        frames, offset = [], 0
-        for n in lengths:
-            frames.append(data[offset:offset + n])
-            offset += n
         return frames
 
     def _wait_readable(self, idx: int, deadline: float | None, timeout: float | None) -> None:
@@ -310,17 +281,6 @@ class MessageQueue:
 
 # A blocked poll wakes at least this often to look at shutting_down.
 _SHUTDOWN_POLL_MS = 100
-
-
-@functools.lru_cache(maxsize=64)
-def _header(n: int) -> struct.Struct:
-    """overflow byte, u16 count, n x u32 length: one pack_into per message."""
-    return struct.Struct(f"<BH{n}I")
-
-
-@functools.lru_cache(maxsize=64)
-def _lengths(n: int) -> struct.Struct:
-    return struct.Struct(f"<{n}I")
 
 
 def _poll_ms(deadline: float | None) -> int:
