@@ -13,6 +13,6 @@ def __getattr__(name: str):
         from minivllm.entrypoints.llm import LLM
         return LLM
     if name == "SamplingParams":
-        from minivllm.engine.messages import SamplingParams
+        from minivllm.sampling_params import SamplingParams
         return SamplingParams
     raise AttributeError(f"module 'minivllm' has no attribute {name!r}")
