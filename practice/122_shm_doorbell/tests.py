@@ -1,0 +1,330 @@
+"""The judge's tests for exercise 122. Each receives the learner's module as `db`.
+
+The first two tests drive one side in this process and play the other side by hand. The
+slots are a `Watched` buffer: at every load or store the learner's code makes, it counts the
+bytes waiting in the doorbell or ack pipe (FIONREAD). So the order of "payload, then doorbell"
+and "copy out, then ack" is checked on every run, not left to a lucky race.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import multiprocessing as mp
+import os
+import random
+import re
+import termios
+
+from minivllm.judge.api import Fail, check_equal, test
+
+QUIET_S = 0.2  # how long the tests wait where nothing is supposed to arrive
+PROCESS_WAIT_S = 3.0  # a message or an EOF not seen in this long is lost, not slow
+
+
+def waiting(fd: int) -> int:
+    """Bytes written into the pipe and not yet read (FIONREAD), without reading them."""
+    n = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, n)
+    return n[0]
+
+
+class Watched:
+    """A bytearray that calls on_access(kind, key) before each load or store."""
+
+    def __init__(self, size: int, on_access):
+        self.data, self.on_access = bytearray(size), on_access
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key):
+        self.on_access("load", key)
+        value = self.data[key]
+        return bytes(value) if isinstance(key, slice) else value
+
+    def __setitem__(self, key, value) -> None:
+        self.on_access("store", key)
+        self.data[key] = value
+
+
+def _key(key) -> str:
+    return f"{key.start}:{key.stop}" if isinstance(key, slice) else str(key)
+
+
+def slot(data: bytes | bytearray, i: int, slot_bytes: int) -> bytes:
+    """Slot i as the README lays it out: 4-byte little-endian length, then the payload."""
+    start = i * slot_bytes
+    size = int.from_bytes(data[start:start + 4], "little")
+    return bytes(data[start + 4:start + 4 + size])
+
+
+def put(data: bytearray, i: int, slot_bytes: int, payload: bytes) -> None:
+    start = i * slot_bytes
+    data[start:start + 4 + len(payload)] = len(payload).to_bytes(4, "little") + payload
+
+
+def _pipes():
+    bell_r, bell_w = os.pipe()
+    ack_r, ack_w = os.pipe()
+    return bell_r, bell_w, ack_r, ack_w
+
+
+def _expect_timeout(call, what: str, input: str) -> None:
+    try:
+        call()
+    except TimeoutError:
+        return
+    raise Fail(what, expected="TimeoutError", got="it returned", input=input)
+
+
+@test(input="Sender with 2 slots of 32 bytes; the test plays the receiver and writes the acks",
+      timeout=4, hang="send() waited for an ack that the test had already written: count ack bytes, not reads")
+def sender_steps(db):
+    slots, sb = 2, 32
+    bell_r, bell_w, ack_r, ack_w = fds = _pipes()
+    state = {"bells": 0, "message": 0, "early": None}
+
+    def on_access(kind, key):
+        if kind == "store" and waiting(bell_r) > state["bells"] and state["early"] is None:
+            state["early"] = (state["message"], key)
+    buf = Watched(slots * sb, on_access)
+    msgs = [b"m0-hello", bytes(range(28)), b"m2", b"m3-three", b""]  # m1 fills a slot exactly
+    try:
+        s = db.Sender(buf, slots, sb, bell_w, ack_r)
+
+        def send(k, timeout=1.0):
+            state["message"] = k
+            s.send(msgs[k], timeout=timeout)
+            if state["early"]:
+                m, key = state["early"]
+                raise Fail(f"the doorbell rang before message {m} was in its slot: a receiver woken "
+                           "by it would copy stale bytes. Write the length and payload, then ring",
+                           got=f"buf[{_key(key)}] stored while the doorbell byte was already in the pipe",
+                           input=f"send(message {m})")
+            state["bells"] += 1
+            check_equal(waiting(bell_r), state["bells"], f"doorbell bytes after sending message {k} "
+                        "(one byte per message)")
+            check_equal(slot(buf.data, k % slots, sb), msgs[k], f"slot {k % slots} after sending message {k}")
+
+        send(0)
+        send(1)
+        _expect_timeout(lambda: s.send(msgs[2], timeout=QUIET_S),
+                        "send() must wait for an ack when every slot holds an unacknowledged message, "
+                        "and raise TimeoutError when none comes", "send(message 2) with no ack yet")
+        if slot(buf.data, 0, sb) != msgs[0]:
+            raise Fail("message 0 was overwritten before the receiver acknowledged it: the sender must "
+                       "wait for an ack (a free slot) before it writes", expected=msgs[0],
+                       got=slot(buf.data, 0, sb), input="send(message 2) with 2 slots and no ack")
+        os.write(ack_w, b"\x01")
+        send(2)
+        os.write(ack_w, b"\x01\x01")  # two acks in one write: they come out of one os.read
+        send(3)
+        try:
+            send(4, timeout=QUIET_S)
+        except TimeoutError:
+            raise Fail("send() timed out although two acks were waiting: two ack bytes that arrive in "
+                       "one os.read free two slots (count bytes, not reads)",
+                       input="acks b'\\x01\\x01' in one write, then send(message 3), send(message 4)")
+        _expect_timeout(lambda: s.flush(timeout=QUIET_S), "flush() must wait until every message is "
+                        "acknowledged, and raise TimeoutError when the acks do not come",
+                        "flush() with messages 3 and 4 not acknowledged")
+        os.write(ack_w, b"\x01\x01")
+        s.flush(timeout=1.0)
+        try:
+            s.send(bytes(sb - 3))
+        except ValueError:
+            pass
+        else:
+            raise Fail("a payload larger than slot_bytes - 4 must raise ValueError",
+                       input=f"send({sb - 3} bytes) with slot_bytes={sb}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@test(input="Receiver with 2 slots of 32 bytes; the test plays the sender and rings the doorbell",
+      timeout=4, hang="recv() blocked in os.read although no doorbell had rung: wait with select and a timeout first")
+def receiver_steps(db):
+    slots, sb = 2, 32
+    bell_r, bell_w, ack_r, ack_w = fds = _pipes()
+    state = {"returned": 0, "early": None}
+
+    def on_access(kind, key):
+        if waiting(ack_r) > state["returned"] and state["early"] is None:
+            state["early"] = (state["returned"], key)
+    buf = Watched(slots * sb, on_access)
+    msgs = [b"m0-hello", bytes(range(28)), b"m2-wrapped"]
+    try:
+        r = db.Receiver(buf, slots, sb, bell_r, ack_w)
+        check_equal(r.recv(timeout=QUIET_S), None, "recv() before any doorbell (after its timeout)")
+        put(buf.data, 0, sb, msgs[0])
+        put(buf.data, 1, sb, msgs[1])
+        os.write(bell_w, b"\x01\x01")  # two doorbells in one write: they come out of one os.read
+
+        def recv(k, how):
+            got = r.recv(timeout=1.0)
+            if state["early"]:
+                m, key = state["early"]
+                raise Fail(f"message {m} was acknowledged before it was copied out: the sender may "
+                           "already be overwriting the slot. Copy the payload out, then ack",
+                           got=f"buf[{_key(key)}] loaded while the ack was already in the pipe",
+                           input=f"recv() of message {m}")
+            if got is None and k == 1:
+                raise Fail("message 1 was lost: two doorbell bytes that arrive in one os.read are two "
+                           "messages (count bytes, not reads)", expected=msgs[1], got=None, input=how)
+            check_equal(got, msgs[k], f"message {k}", how)
+            state["returned"] += 1
+            check_equal(waiting(ack_r), state["returned"], f"ack bytes after recv() returned message {k} "
+                        "(one byte per message, written before recv returns)", how)
+        recv(0, "slots 0 and 1 filled, doorbell b'\\x01\\x01' in one write")
+        recv(1, "slots 0 and 1 filled, doorbell b'\\x01\\x01' in one write")
+        check_equal(r.recv(timeout=QUIET_S), None, "recv() with no new doorbell")
+        put(buf.data, 0, sb, msgs[2])
+        os.write(bell_w, b"\x01")
+        recv(2, "a third message, back in slot 0")
+        os.close(bell_w)
+        fds = (bell_r, ack_r, ack_w)
+        try:
+            got = r.recv(timeout=1.0)
+        except EOFError:
+            return
+        raise Fail("recv() must raise EOFError once the sender has closed the doorbell (os.read "
+                   "returns b'')", expected="EOFError", got=got, input="the doorbell's write end closed")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _rss_kib(name: str) -> int:
+    """Resident KiB of this process's mappings of /dev/shm/name (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(name)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@test(input="DoorbellChannel(2 slots of 64 KiB), both sides in this process, then close()")
+def channel(db):
+    slots, sb = 2, 64 * 1024
+    ch = db.DoorbellChannel(slots, sb)
+    name = ch.name.lstrip("/")
+    fds = [ch.bell_r, ch.bell_w, ch.ack_r, ch.ack_w]
+    rss = _rss_kib(name)
+    if rss < slots * sb // 1024:
+        ch.close()
+        raise Fail("the segment is not prefaulted: touch every page once when you create it "
+                   "(write zeros), so no message pays the page faults", expected=f"{slots * sb // 1024} KiB "
+                   "resident", got=f"{rss} KiB resident", input="right after DoorbellChannel(2, 65536)")
+    s, r = ch.sender(), ch.receiver()
+    a, b, c = b"A" * 60000, b"B" * 100, b"C" * 100
+    s.send(a)
+    got = r.recv(timeout=1.0)
+    s.send(b)
+    s.send(c, timeout=1.0)  # takes the ack of `a`, then reuses its slot
+    if got != a or not isinstance(got, bytes):
+        kind, head = type(got).__name__, bytes(got[:8]) if got is not None else None
+        _close_anyway(ch, got)
+        raise Fail("recv() must return a copy (bytes): the ack lets the sender reuse the slot, so a "
+                   "view into the segment changes under the caller", expected=f"bytes, 60000 x b'A'",
+                   got=f"{kind} starting {head!r}", input="send(A), recv(), send(B), send(C)")
+    check_equal([r.recv(timeout=1.0), r.recv(timeout=1.0)], [b, c], "the next two messages")
+    s.flush(timeout=1.0)
+    ch.close()
+    ch.close()  # a second close does nothing
+    still_open = [fd for fd in fds if _is_open(fd)]
+    if still_open:
+        raise Fail("close() must close all four pipe ends", got=f"fds {still_open} still open")
+    with open("/proc/self/maps") as f:
+        if name in f.read():
+            raise Fail(f"after close() this process still maps /dev/shm/{name}: close the segment")
+    if os.path.exists(f"/dev/shm/{name}"):
+        raise Fail(f"after close() /dev/shm/{name} still exists: the creator must unlink the segment")
+
+
+def _close_anyway(ch, view) -> None:
+    if isinstance(view, memoryview):
+        view.release()  # a view into the segment keeps close() from unmapping it
+    try:
+        ch.close()
+    except Exception:
+        pass  # the failure being reported is the point; the judge sweeps what is left
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _messages(seed: int, count: int, max_len: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.choice([0, 1, 100, 4096, max_len])) for _ in range(count)]
+
+
+def _receiver_process(ch, count, max_len, report):
+    problem = None
+    try:
+        ch.keep("receiver")
+        r, expected = ch.receiver(), _messages(count, count, max_len)
+        for k, want in enumerate(expected):
+            got = r.recv(timeout=PROCESS_WAIT_S)
+            if got != want:
+                problem = (f"message {k} came out wrong", f"{len(want)} bytes",
+                           "nothing (timed out)" if got is None else f"{len(got)} other bytes")
+                break
+        else:
+            try:
+                extra = r.recv(timeout=PROCESS_WAIT_S)
+                problem = ("after the last message, recv() must raise EOFError once the sender closes",
+                           "EOFError", "no doorbell and no EOF within "
+                           f"{PROCESS_WAIT_S:g} s: a process still holds the doorbell's write end "
+                           "(did keep('receiver') close it?)" if extra is None else f"{len(extra)} bytes")
+            except EOFError:
+                pass
+        ch.close()
+    except Exception as exc:  # reported, so the test says what broke in the child
+        problem = ("the receiver process raised", "no exception", f"{type(exc).__name__}: {exc}")
+    report.send(problem)
+    report.close()
+
+
+@test(input="a forked receiver process, 300 messages of 0 B to 64 KiB through 3 slots, then close",
+      timeout=30, hang="the sender or the receiver waited forever for a doorbell or an ack")
+def processes(db):
+    slots, sb, count = 3, 64 * 1024 + 4, 300
+    ch = db.DoorbellChannel(slots, sb)
+    report_r, report_w = mp.Pipe(duplex=False)
+    proc = mp.get_context("fork").Process(target=_receiver_process,
+                                          args=(ch, count, sb - 4, report_w))
+    proc.start()
+    report_w.close()
+    sent, failure = 0, None
+    try:
+        ch.keep("sender")
+        s = ch.sender()
+        for m in _messages(count, count, sb - 4):
+            s.send(m, timeout=PROCESS_WAIT_S)
+            sent += 1
+        s.flush(timeout=PROCESS_WAIT_S)
+    except (TimeoutError, EOFError, OSError) as exc:
+        failure = exc
+    ch.close()
+    problem = report_r.recv() if report_r.poll(2 * PROCESS_WAIT_S + 2) else ("no report", "a report", "none")
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    where = f"{count} messages through {slots} slots, receiver in a forked process"
+    if problem:
+        what, want, got = problem
+        raise Fail(f"receiver: {what}", expected=want, got=got, input=where)
+    if failure:
+        raise Fail(f"the sender failed after {sent} messages: {type(failure).__name__}: {failure}",
+                   input=where)
