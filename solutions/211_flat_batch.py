@@ -1,0 +1,29 @@
+"""Exercise 211, reference answer: one int32 frame for all token ids of a batch."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+
+def encode(batch: list[tuple[str, list[int]]]) -> list[bytes | memoryview]:
+    """[msgpack([request_ids, offsets]), int32 token ids of every request, concatenated]."""
+    ids = [rid for rid, _ in batch]
+    lengths = [len(tokens) for _, tokens in batch]
+    offsets = [0] + np.cumsum(lengths, dtype=np.int64).tolist()
+    flat = np.fromiter((t for _, tokens in batch for t in tokens), dtype="<i4",
+                       count=offsets[-1])
+    return [msgspec.msgpack.encode([ids, offsets]), flat.data]
+
+
+def decode(frames) -> tuple[list[str], np.ndarray, list[int]]:
+    """(request_ids, tokens viewing frame 1, offsets)."""
+    ids, offsets = msgspec.msgpack.decode(frames[0])
+    tokens = np.frombuffer(frames[1], dtype="<i4")  # a view: no copy
+    return ids, tokens, offsets
+
+
+def tokens_of(decoded: tuple[list[str], np.ndarray, list[int]], i: int) -> np.ndarray:
+    """Request i's token ids: a slice of the tokens array."""
+    _, tokens, offsets = decoded
+    return tokens[offsets[i]:offsets[i + 1]]
