@@ -222,3 +222,36 @@ def test_executor_shape_broadcast_then_one_reply_queue_per_worker():
         assert replies == [{"rank": 0, "step": 0, "partial_sum": 20},
                            {"rank": 1, "step": 0, "partial_sum": 25}]
         assert len(step_round_trips(executor, steps=50, n_tokens=100_000)) == 50  # overflows too
+
+
+def test_an_idle_reader_blocked_in_poll_is_woken_by_the_notification(monkeypatch):
+    """With the periodic re-check pushed out of reach, only the notify socket can wake a reader
+    that went idle: a lost wakeup would make this dequeue time out."""
+    from minivllm.distributed import spin_condition
+
+    monkeypatch.setattr(spin_condition, "RECHECK_S", 60.0)
+    with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=4, busy_loop_s=0.02) as mq:
+        reader = MessageQueue.create_from_handle(mq.export_handle(), 0)
+        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
+        t.start()
+        mq.wait_until_ready(10)
+        t.join()
+        got = []
+
+        def read(n):
+            for _ in range(n):
+                got.append(reader.dequeue())  # no deadline: nothing but a notification wakes it
+        for burst in range(3):
+            t = threading.Thread(target=read, args=(3,))
+            t.start()
+            threading.Event().wait(0.2)  # the reader is past busy_loop_s: blocked in poll
+            for i in range(3):
+                mq.enqueue(burst * 3 + i)
+            t.join(STEP_TIMEOUT_S)
+            lost = t.is_alive()
+            if lost:
+                reader.shutdown()
+                t.join()
+            assert not lost, f"burst {burst}: the blocked reader was never woken (got {got})"
+        assert got == list(range(9))
+        reader.close()
