@@ -49,7 +49,9 @@ yours. Yours comes in section 4.*"""),
 md("""## 4 · Experiments
 Everything runs from `minivllm/bench/ipc.py` (the same code as `minivllm bench ipc`); the child
 that sends is in `minivllm/bench/ipc_transports.py`. Each point is the median of several runs,
-and each transport is compared with memcpy measured in the same run."""),
+and each transport is compared with memcpy measured in the same run: memcpy is sampled before
+the first transport and after each one, so a burst of load from another program hits a few
+samples of both sides of a ratio instead of all of one."""),
 code("""import os, json
 from minivllm.bench import ipc, ipc_transports
 from minivllm.bench.common import quick_mode
@@ -136,8 +138,10 @@ md("""## 8 · Check yourself
    sets the "ready" flag, then copies the payload; the reader sees the flag between the two and
    copies stale bytes. The flag must be written after the payload (and on weakly ordered CPUs,
    after a fence).
-6. *(hard)* Why does shm_copy fall to about half of memcpy at 1 MiB while shm stays close? — Two
-   copies per byte on two cores share one memory bus; the in-place reader touches two bytes."""),
+6. *(hard)* Why does shm_copy fall well below memcpy at 1 MiB (about half, or less on a busy
+   machine) while shm stays close? — Two copies per byte, one on each core, share one memory bus,
+   and both processes must be running at once to overlap; the in-place reader touches two bytes
+   per message."""),
 md("""## 9 · How to explain it
 "A pipe or socket costs two copies through the kernel and a system call per chunk, so small
 messages pay microseconds each and large ones land at a fraction of memcpy. Shared memory costs
@@ -155,6 +159,8 @@ md("""## 10 · Summary
 
 ## Practice
 - `python judge.py 121` — length-prefixed framing over a stream socket that survives partial reads.
+- `python judge.py 122` — the doorbell pattern measured above: payloads through prefaulted shared-memory
+  slots, one byte per message on a pipe to ring, one byte back to acknowledge, EOF to end.
 - `python judge.py 213` — the next step, from chapter 05: a shared-memory ring buffer with flags instead of a doorbell.
 """),
 ]

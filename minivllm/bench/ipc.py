@@ -5,7 +5,8 @@ processes, against memcpy in one process, on this machine, in one run.
 
 Bandwidth: one child sends `count` messages of each size, the parent receives them; the
 median of REPEATS runs. memcpy is the limit: the same bytes copied once, into a private ring
-as large as the shm ring, in one process (exactly the shm sender's copy, without a receiver).
+as large as the shm ring, in one process (exactly the shm sender's copy, without a receiver),
+sampled between the transports; its median is over those samples.
 Latency: round trips of a 64-byte message, p50 and p99. Context switches and CPU time are
 both processes' (psutil), summed over the runs of a point. The ratios compare each
 transport with memcpy at RATIO_SIZE, measured side by side.
@@ -67,32 +68,40 @@ def _latency_row(transport: str, times: list[float]) -> dict:
             "p50_us": percentile(us, 50), "p99_us": percentile(us, 99)}
 
 
-def measure_memcpy(sizes: list[int], quick: bool, bar) -> list[dict]:
-    ring = np.zeros(RING_BYTES, np.uint8)  # prefaulted, like the shm ring
-    src = np.full(max(sizes), 7, np.uint8)
-    view, me = memoryview(ring), [psutil.Process()]
-    rows = []
-    for size in sizes:
-        count, slots, piece = messages_for(size, quick), slots_for(size), memoryview(src)[:size]
-        before, times = _counters(me), []
-        for _ in range(REPEATS[quick]):
-            start = time.perf_counter()
+class MemcpySampler:
+    """memcpy into a private ring as large as the shm ring, sampled once before the first
+    transport and again after each one: on a shared machine a load spike then hits a few
+    samples of every side of a ratio, not all the samples of one side."""
+
+    def __init__(self, sizes: list[int], quick: bool):
+        self.sizes, self.quick = sizes, quick
+        self.ring = memoryview(np.zeros(RING_BYTES, np.uint8))  # prefaulted, like the shm ring
+        self.src = memoryview(np.full(max(sizes), 7, np.uint8))
+        self.me = [psutil.Process()]
+        self.times: dict[int, list[float]] = {s: [] for s in sizes}
+        self.counters = {s: np.zeros(3) for s in sizes}
+
+    def sample(self) -> None:
+        for size in self.sizes:
+            count, slots, piece = messages_for(size, self.quick), slots_for(size), self.src[:size]
+            before, start = _counters(self.me), time.perf_counter()
             for i in range(count):
                 off = (i % slots) * size
-                view[off:off + size] = piece
+                self.ring[off:off + size] = piece
+            self.times[size].append(time.perf_counter() - start)
+            self.counters[size] += _counters(self.me) - before
+
+    def rows(self) -> list[dict]:
+        rows = [_row("memcpy", s, messages_for(s, self.quick), self.times[s], self.counters[s])
+                for s in self.sizes]
+        a, b = bytearray(RTT_SIZE), bytearray(b"p" * RTT_SIZE)
+        times = []
+        for _ in range(ROUND_TRIPS[self.quick]):  # the floor of a round trip: a copy there and back
+            start = time.perf_counter()
+            a[:] = b
+            b[:] = a
             times.append(time.perf_counter() - start)
-        rows.append(_row("memcpy", size, count, times, _counters(me) - before))
-        bar.update()
-    a, b = bytearray(RTT_SIZE), bytearray(b"p" * RTT_SIZE)
-    times = []
-    for _ in range(ROUND_TRIPS[quick]):  # the floor of a round trip: a copy there and back
-        start = time.perf_counter()
-        a[:] = b
-        b[:] = a
-        times.append(time.perf_counter() - start)
-    rows.append(_latency_row("memcpy", times))
-    bar.update()
-    return rows
+        return rows + [_latency_row("memcpy", times)]
 
 
 def measure_transport(kind: str, sizes: list[int], quick: bool, bar) -> list[dict]:
@@ -128,10 +137,14 @@ def run(quick: bool | None = None, sizes: list[int] | None = None,
     transports = transports or TRANSPORTS
     with tqdm(total=(len(transports) + 1) * (len(sizes) + 1), desc="bench ipc", unit="point",
               disable=not progress, leave=False) as bar:
-        rows = measure_memcpy(sizes, quick, bar)
+        memcpy, rows = MemcpySampler(sizes, quick), []
+        memcpy.sample()
+        bar.update(len(sizes) + 1)
         for kind in transports:
             bar.set_postfix_str(kind)
             rows += measure_transport(kind, sizes, quick, bar)
+            memcpy.sample()
+        rows = memcpy.rows() + rows
     return {"results": rows, "ratios": ratios_of(rows)}
 
 

@@ -20,6 +20,7 @@ from minivllm.bench.common import bench_parser, print_table, quick_mode, write_j
 from minivllm.utils.mp import launch
 
 BURN_STEPS = {False: 6_000_000, True: 2_000_000}  # ~0.3-1 s of pure-Python work per worker
+GIL_ROUNDS = {False: 3, True: 1}  # serial, threads, processes in turn; the median of rounds
 STARTS = {False: 7, True: 3}  # launches per start method; the median is reported
 METHODS = ("fork", "forkserver", "spawn")
 LOCK_WAIT_S = 1.0  # a child that cannot take a free lock in this long never will
@@ -51,24 +52,48 @@ def middle_with_children(link, n: int) -> None:
         time.sleep(0.1)
 
 
-def gil_experiment(workers: int = 2, steps: int | None = None) -> dict[str, float]:
-    """Seconds for `workers` burns: one after another, on threads, on (warm) processes."""
-    steps = steps or BURN_STEPS[quick_mode()]
+def timed_burn(steps: int) -> float:
+    """burn(steps); returns the CPU seconds this thread spent on it (not the time it waited)."""
+    start = time.thread_time()
+    burn(steps)
+    return time.thread_time() - start
+
+
+def _timed(pool, steps: int, workers: int) -> tuple[float, float]:
+    """Wall seconds for `workers` burns on the pool, and the CPU seconds they used."""
     start = time.perf_counter()
-    for _ in range(workers):
-        burn(steps)
-    serial = time.perf_counter() - start
-    with ThreadPoolExecutor(workers) as pool:
-        start = time.perf_counter()
-        list(pool.map(burn, [steps] * workers))
-        threads = time.perf_counter() - start
+    cpu = sum(pool.map(timed_burn, [steps] * workers))
+    return time.perf_counter() - start, cpu
+
+
+def gil_experiment(workers: int = 2, steps: int | None = None,
+                   rounds: int | None = None) -> dict[str, float]:
+    """Seconds for `workers` burns: one after another, on threads, on (warm) processes.
+
+    The three run in turn, `rounds` times, and each figure is the median: a load spike from
+    another program then hits one round of each, not all of one. `*_cores` is CPU seconds
+    over wall seconds, the cores the burns used at once: threads cannot pass 1.0 (the GIL).
+    """
+    steps, rounds = steps or BURN_STEPS[quick_mode()], rounds or GIL_ROUNDS[quick_mode()]
+    samples: dict[str, list[float]] = {k: [] for k in ("serial", "threads", "processes",
+                                                        "threads_cores", "processes_cores")}
     ctx = multiprocessing.get_context("spawn" if threading.active_count() > 1 else "fork")
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        list(pool.map(burn, [1] * workers))  # start the workers first: measure only the work
-        start = time.perf_counter()
-        list(pool.map(burn, [steps] * workers))
-        processes = time.perf_counter() - start
-    return {"workers": workers, "serial_s": serial, "threads_s": threads, "processes_s": processes}
+    with ThreadPoolExecutor(workers) as threads, ProcessPoolExecutor(workers, mp_context=ctx) as procs:
+        list(procs.map(burn, [1] * workers))  # start the workers first: measure only the work
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(workers):
+                burn(steps)
+            samples["serial"].append(time.perf_counter() - start)
+            for name, pool in (("threads", threads), ("processes", procs)):
+                wall, cpu = _timed(pool, steps, workers)
+                samples[name].append(wall)
+                samples[f"{name}_cores"].append(cpu / wall)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {"workers": workers, "rounds": rounds, "serial_s": med["serial"],
+            "threads_s": med["threads"], "processes_s": med["processes"],
+            "threads_cores": med["threads_cores"], "processes_cores": med["processes_cores"],
+            "load_1min": os.getloadavg()[0]}
 
 
 def startup_cost(method: str, starts: int | None = None) -> dict[str, float]:
@@ -122,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table([gil | {"threads_vs_serial": gil["threads_s"] / gil["serial_s"],
                         "processes_vs_serial": gil["processes_s"] / gil["serial_s"]}],
                 ["workers", "serial_s", "threads_s", "processes_s", "threads_vs_serial",
-                 "processes_vs_serial"])
+                 "processes_vs_serial", "threads_cores", "processes_cores", "load_1min"])
     starts = [startup_cost(m) for m in METHODS if m in multiprocessing.get_all_start_methods()]
     print_table(starts, ["method", "ready_ms", "ready_and_exit_ms"])
     by = {s["method"]: s["ready_ms"] for s in starts}
