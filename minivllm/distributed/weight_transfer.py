@@ -307,7 +307,8 @@ def _rebuild(handles: WeightHandles) -> dict[str, torch.Tensor]:
 def _rebuild_cuda(request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
     device = torch.cuda.current_device()  # the engine's own index for this GPU
     if request.event_handle is not None:
-        written = torch.cuda.Event.from_ipc_handle(device, request.event_handle)
+        written = torch.cuda.Event.from_ipc_handle(torch.device("cuda", device),
+                                                   request.event_handle)
         written.wait(torch.cuda.current_stream())  # reads below queue after the trainer's writes
     out = {}
     for m in request.tensors:
