@@ -329,7 +329,8 @@ plt.show()
 md("""
 What to look for: spinning gives the lowest latency and burns CPU whether or not messages come;
 on 2 cores it competes with the very writer it waits for. Blocking costs almost no CPU when
-quiet but pays a socket wake-up (tens of µs) on every message. Spin-then-block takes spin's
+quiet but pays a socket wake-up and a context switch on every message (tens of µs on a quiet
+machine, hundreds on a busy one). Spin-then-block takes spin's
 latency while messages are frequent (the 0.5 ms gap keeps it spinning) and block's CPU when they
 stop (at a 20 ms gap it is asleep most of the time). That is why vLLM's `SpinCondition`
 (`shm_broadcast.py:120-236`) and ours look the way they do.
