@@ -37,7 +37,34 @@ def test_bench_writes_json_with_rows_and_ratios(tmp_path):
     assert record["bench"] == "serial" and record["machine"]["pyzmq"]
     cases = {r["case"] for r in record["results"]}
     assert {"batch/pickle_dicts", "batch/msgpack_dicts", "batch/struct_lists",
-            "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle"} <= cases
-    for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_memcpy"):
+            "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle", "tensor/socketpair",
+            "tensor/zmq_oob_into"} <= cases
+    for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_memcpy", "socket_ceiling_vs_memcpy"):
         assert record["ratios"][key] > 0
     assert "msgpack_speedup_vs_pickle" in run.stdout
+
+
+def test_chunked_receive_into_a_reused_buffer_carries_the_tensor():
+    # The bench's oob_into path, in-process over inproc://: chunks land in order, decode views buf.
+    import numpy as np
+    import zmq
+
+    from minivllm.bench import serial_transfer as st
+    from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+
+    arr = np.arange(3 * st.CHUNK // 4 + 5, dtype="<i4")  # 3 full chunks and a partial one
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        pull.bind("inproc://oob-into")
+        push.connect("inproc://oob-into")
+        frames = st._chunked(MsgpackEncoder().encode(arr))
+        assert len(frames) == 5
+        push.send_multipart(frames, copy=False)
+        buf = np.zeros(arr.nbytes, np.uint8)
+        got = st._recv_into(pull, MsgpackDecoder(), buf)
+        assert np.array_equal(got, arr) and np.shares_memory(got, buf)
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()

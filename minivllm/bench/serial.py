@@ -3,11 +3,15 @@
 1. The seed step batch (256 requests, 8,432 token ids, 2,048 block ids) encoded and decoded as
    pickle of dicts, msgpack of dicts, array_like Structs of lists, and minivllm's flat arrays.
 2. A 64 MiB tensor delivered to another process over ZMQ PUSH/PULL ipc://: out of band
-   (minivllm.serial) vs pickled, against memcpy of the same bytes in one process.
+   (minivllm.serial) vs pickled, against memcpy of the same bytes in one process (prefaulted
+   destination, medians), a raw AF_UNIX stream (the ceiling of any socket), and out of band
+   as 1 MiB frames received into a reused buffer (no page faults).
 
 Ratios (higher is better):
     msgpack_speedup_vs_pickle  pickle_dicts time / flat_arrays time   (goal >= 10)
     oob_tensor_vs_memcpy       memcpy time / out-of-band delivery time (goal >= 0.5)
+    socket_ceiling_vs_memcpy   memcpy time / raw AF_UNIX delivery time: what any socket can reach
+    oob_into_vs_memcpy         memcpy time / 1 MiB frames received into a reused buffer
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from minivllm.bench.common import bench_parser, print_table, quick_mode, write_j
 TENSOR_MIB = 64
 QUICK_TENSOR_MIB = 16  # quick mode: a smaller tensor, same comparison
 BATCH_REPEATS, QUICK_BATCH_REPEATS = 200, 30
-TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 8, 3
+TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 9, 3
 MIB = 1024**2
 
 
@@ -59,7 +63,9 @@ def measure_tensor(mib: int, repeats: int) -> list[dict]:
     nbytes = mib * MIB
     rows = []
     cases = [("memcpy", lambda: st.memcpy_times(nbytes, repeats)),
+             ("socketpair", lambda: st.socketpair_times(nbytes, repeats)),
              ("zmq_oob", lambda: st.transfer_times(tensor, "oob", repeats)),
+             ("zmq_oob_into", lambda: st.transfer_times(tensor, "oob_into", repeats)),
              ("zmq_pickle", lambda: st.transfer_times(tensor, "pickle", repeats))]
     for name, run in tqdm(cases, desc=f"{mib} MiB tensor", leave=False):
         sec = statistics.median(run())
@@ -78,6 +84,12 @@ def ratios_of(rows: list[dict]) -> dict[str, float]:
         "oob_tensor_vs_memcpy": by["tensor/memcpy"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
         "oob_speedup_vs_pickle":
             by["tensor/zmq_pickle"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
+        "socket_ceiling_vs_memcpy":
+            by["tensor/memcpy"]["seconds"] / by["tensor/socketpair"]["seconds"],
+        "oob_tensor_vs_socket_ceiling":
+            by["tensor/socketpair"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
+        "oob_into_vs_memcpy":
+            by["tensor/memcpy"]["seconds"] / by["tensor/zmq_oob_into"]["seconds"],
     }
 
 
