@@ -380,7 +380,7 @@ releases the chunk and takes the next message from its SUB socket.
 
 `minivllm bench ring` broadcasts 1 KiB messages to 2 reader processes through both transports in
 the same run: as fast as possible (messages/s, CPU seconds), and paced one per 0.5 ms (one-way
-latency). Then it sweeps the message size past the 64 KiB chunk. Both transports use the same
+latency). The ring has 256 chunks of 64 KiB. Then it sweeps the message size past the chunk size. Both transports use the same
 msgpack frames, and PUB/SUB gets the same subscription handshake and no high-water-mark drops.
 """)
 
@@ -461,8 +461,9 @@ huge messages overflow.
 
 Where minivllm differs: msgpack frames instead of pickle (chapter 04), a `TimeoutError` that names
 the chunk and the readers it waited for, notifications at most once per `busy_loop_s / 2` (why
-that loses no wakeup is in `spin_condition.py`'s docstring), and a writer that spins 50 ms and then
-sleeps in growing steps instead of spinning forever on a full ring.
+that loses no wakeup is in `spin_condition.py`'s docstring), and a writer that spins 0.2 ms and
+then sleeps in growing steps (up to 1 ms) instead of spinning forever on a full ring: on 2 cores
+the readers need that core more than the writer does.
 
 ## 6 · What we add to minivllm
 

@@ -18,9 +18,10 @@ from minivllm.bench.common import bench_parser, print_table, quick_mode, write_j
 from minivllm.bench.ring_workers import Phase, reader_main, run_phase
 
 MESSAGE_BYTES = 1024
-# Chunks of 64 KiB: a 1 KiB message fits, the last sizes of the sweep overflow.
+# Chunks of 64 KiB: a 1 KiB message fits, the last sizes of the sweep overflow. 256 of them
+# (16 MiB) let the writer run ahead while the readers wait for a core.
 MAX_CHUNK_BYTES = 64 * 1024
-MAX_CHUNKS = 16
+MAX_CHUNKS = 256
 PACE_S = 0.0005  # one message per 0.5 ms: slow enough that no queue builds up
 SWEEP_SIZES = [64, 1024, 16 * 1024, 60 * 1024, 256 * 1024, 1024 * 1024]
 SWEEP_BYTES = 256 << 20  # each sweep point moves about this much, capped by the message count
