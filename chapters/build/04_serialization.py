@@ -177,6 +177,7 @@ md("""## 7. What can go wrong
 | `ValueError: assignment destination is read-only` | arrays decoded from bytes frames are read-only views |
 | memory not released | a small view keeps a whole large frame alive |
 | `DecodeError` | garbage or a peer on another version: the receiving loop logs and goes on |
+| a 64 MiB tensor moves at a tenth of memcpy, although nothing is copied in Python | a socket copies twice (into the kernel, out of it), and libzmq mallocs fresh memory per message, so the receiver page-faults every 4 KiB; `minivllm bench serial` shows the raw-socket ceiling and a reused receive buffer side by side |
 
 ## 8. Check yourself
 - *Easy.* Why `array_like=True`? **Answer:** field names are not sent: smaller and faster.
@@ -187,6 +188,13 @@ md("""## 7. What can go wrong
 - *Medium.* Give the timeline that corrupts a message sent with `copy=False`. **Answer:** encode
   views array A, send returns, the engine writes the next step into A, the I/O thread then reads
   A: the receiver sees the new values. Keep A until the tracker is done.
+- *Hard.* "Out of band is zero copy, so a 64 MiB tensor over ZMQ ipc:// should move at memcpy
+  speed." Where does the time go? **Answer:** zero copy means no copy *in Python*. The kernel
+  still copies the bytes into the socket and out again, so even a raw AF_UNIX stream into a
+  reused buffer reaches only about a third of memcpy (bench: `socket_ceiling_vs_memcpy`). On top,
+  libzmq receives each large message into freshly malloc'd memory: 16,384 page faults per
+  64 MiB. Receiving 1 MiB frames into a buffer faulted once roughly doubles the rate; for real
+  memcpy speed, skip the socket: shared memory (chapter 05) or CUDA IPC (chapter 06).
 - *Hard.* A colleague proposes pickle "because it handles everything". What do you answer?
   **Answer:** it executes code from the socket (show the payload), and it is not faster where it
   matters; a typed Struct also validates the input.
@@ -206,8 +214,12 @@ opts in, because unpickling runs the sender's code."
 
 Practice:
 - `python judge.py 211` · a flat-array encoder/decoder for a scheduler batch, zero copy
-- `python judge.py 212` · a msgpack extension for tensors with out-of-band frames
-- `minivllm bench serial` · the measurements above, plus a 64 MiB tensor between processes"""),
+  (stuck? `python judge.py 211 --hint`)
+- `python judge.py 212` · a msgpack extension encoder for numpy arrays: inline below a threshold,
+  out-of-band zero-copy frames above it, one documented error for garbage
+  (stuck? `python judge.py 212 --hint`)
+- `minivllm bench serial` · the measurements above, plus a 64 MiB tensor between processes:
+  out of band, pickled, memcpy and the raw-socket ceiling, side by side"""),
 ]
 
 nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
