@@ -30,13 +30,14 @@ def shm_segments() -> set[str]:
     return {n for n in names if not n.startswith(_SHM_IGNORED_PREFIXES)}
 
 
-def ipc_socket_files(root: str | None = None) -> set[str]:
-    """Unix socket files under the temp dir (where ipc:// endpoints are made)."""
+def ipc_socket_files(root: str | None = None, depth: int = SOCKET_SCAN_DEPTH) -> set[str]:
+    """Unix socket files under root (default: the temp dir, where ipc:// endpoints are made),
+    at most `depth` directories down."""
     root = root or tempfile.gettempdir()
     found: set[str] = set()
     base_depth = root.rstrip("/").count("/")
     for dirpath, dirnames, filenames in os.walk(root):
-        if dirpath.count("/") - base_depth >= SOCKET_SCAN_DEPTH:
+        if dirpath.count("/") - base_depth >= depth - 1:
             dirnames.clear()
         for name in filenames:
             path = os.path.join(dirpath, name)
@@ -105,11 +106,14 @@ def remove_paths(paths) -> None:
 class Snapshot:
     """What exists now; `leaks()` later tells what was added since, and cleans it up."""
 
-    def __init__(self, socket_root: str | None = None):
-        self.socket_root = socket_root
+    def __init__(self, socket_roots: list[tuple[str | None, int]] = ((None, SOCKET_SCAN_DEPTH),)):
+        self.socket_roots = socket_roots  # (directory, depth) pairs to look for socket files in
         self.segments = shm_segments()
-        self.sockets = ipc_socket_files(socket_root)
+        self.sockets = self._sockets()
         self.children = {p.pid for p in child_processes()}
+
+    def _sockets(self) -> set[str]:
+        return set().union(*(ipc_socket_files(root, depth) for root, depth in self.socket_roots))
 
     def leaks(self, settle: float = 3.0, extra_processes: list[psutil.Process] = ()) -> Leaks:
         """Wait up to `settle` s for children to exit by themselves, then report and clean."""
@@ -121,12 +125,12 @@ class Snapshot:
         found = Leaks(processes=[describe_process(p) for p in procs])
         kill_processes(procs)
         # Another program (a parallel test run) may own new files: skip what a live
-        # process other than this one still maps or listens on.
+        # process other than this one still maps or listens on. List the files first and
+        # the holders second, so a file made during the scan is never taken for a leak.
+        segments, sockets = shm_segments() - self.segments, self._sockets() - self.sockets
         others = _other_processes_holding()
-        new_segments = sorted(s for s in shm_segments() - self.segments
-                              if f"{SHM_DIR}/{s}" not in others)
-        new_sockets = sorted(s for s in ipc_socket_files(self.socket_root) - self.sockets
-                             if s not in others)
+        new_segments = sorted(s for s in segments if f"{SHM_DIR}/{s}" not in others)
+        new_sockets = sorted(s for s in sockets if s not in others)
         found.segments, found.sockets = new_segments, new_sockets
         remove_paths(os.path.join(SHM_DIR, s) for s in new_segments)
         remove_paths(new_sockets)
