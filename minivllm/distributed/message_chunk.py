@@ -22,6 +22,9 @@ OVERFLOW = 1
 MAX_FRAMES = 0xFFFF  # the count is a u16
 _COUNT = struct.Struct("<BH")  # overflow byte, frame count
 LENGTH_BYTES = 4
+# The common message is the msgpack body alone (no array is large enough to go out of band):
+# its whole header in one struct, packed and unpacked in one call.
+_ONE_FRAME = struct.Struct("<BHI")
 
 
 def packed_size(sizes: list[int]) -> int:
@@ -29,29 +32,46 @@ def packed_size(sizes: list[int]) -> int:
     return _COUNT.size + LENGTH_BYTES * len(sizes) + sum(sizes)
 
 
-def pack_into(chunk: memoryview, frames: list[memoryview], sizes: list[int]) -> bool:
-    """Write the frames into chunk and return True; or write only OVERFLOW and return False."""
-    n = len(frames)
-    if n > MAX_FRAMES or packed_size(sizes) > len(chunk):
-        chunk[0] = OVERFLOW
+def pack_into(buf: memoryview, start: int, size: int, frames: list) -> bool:
+    """Write the frames into buf[start:start + size] and return True; or write only OVERFLOW
+    there and return False. Frames are bytes or buffers (MsgpackEncoder's output)."""
+    if len(frames) == 1 and type(frames[0]) is bytes:
+        body = frames[0]
+        end = start + _ONE_FRAME.size + len(body)
+        if end > start + size:
+            buf[start] = OVERFLOW
+            return False
+        _ONE_FRAME.pack_into(buf, start, 0, 1, len(body))
+        buf[start + _ONE_FRAME.size:end] = body
+        return True
+    views = [_bytes_view(f) for f in frames]
+    sizes = [v.nbytes for v in views]
+    n = len(views)
+    if n > MAX_FRAMES or packed_size(sizes) > size:
+        buf[start] = OVERFLOW
         return False
-    _header(n).pack_into(chunk, 0, 0, n, *sizes)
-    offset = _COUNT.size + LENGTH_BYTES * n
-    for f, size in zip(frames, sizes):
-        chunk[offset:offset + size] = f
-        offset += size
+    _header(n).pack_into(buf, start, 0, n, *sizes)
+    offset = start + _COUNT.size + LENGTH_BYTES * n
+    for v, nbytes in zip(views, sizes):
+        buf[offset:offset + nbytes] = v
+        offset += nbytes
     return True
 
 
-def unpack_from(buf: memoryview, start: int) -> list[memoryview] | None:
-    """The frames of the chunk at buf[start:], copied out in one piece; None for OVERFLOW.
+def unpack_from(buf: memoryview, start: int) -> list | None:
+    """The frames of the chunk at buf[start:], copied out; None for OVERFLOW.
 
     A copy, because the writer reuses the chunk as soon as the reader releases it, and the
-    decoder's arrays are views of the frames they come from.
+    decoder's arrays are views of the frames they come from (inline arrays too: msgspec hands
+    the ext hook a view of the body). One frame: one bytes object. Several: one bytearray,
+    sliced into views.
     """
-    overflow, count = _COUNT.unpack_from(buf, start)
+    overflow, count, first = _ONE_FRAME.unpack_from(buf, start)
     if overflow:
         return None
+    if count == 1:
+        begin = start + _ONE_FRAME.size
+        return [bytes(buf[begin:begin + first])]
     lengths = _lengths(count).unpack_from(buf, start + _COUNT.size)
     begin = start + _COUNT.size + LENGTH_BYTES * count
     data = memoryview(bytearray(buf[begin:begin + sum(lengths)]))
@@ -60,6 +80,11 @@ def unpack_from(buf: memoryview, start: int) -> list[memoryview] | None:
         frames.append(data[offset:offset + n])
         offset += n
     return frames
+
+
+def _bytes_view(frame) -> memoryview:
+    view = memoryview(frame)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 @functools.lru_cache(maxsize=64)

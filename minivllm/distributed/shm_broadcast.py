@@ -25,9 +25,8 @@ from typing import Any
 import zmq
 
 from minivllm.distributed import message_chunk
-from minivllm.distributed.shm_ring import ShmRingBuffer
-from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, notify_due,
-                                                 notify_socket)
+from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
+from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
@@ -35,6 +34,7 @@ from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 # its core (on 2 cores that raised broadcast throughput by about a third), and a ring of a few
 # chunks refills long before the pause ends.
 WRITER_SPIN_S = 0.0002
+WRITER_MIN_SLEEP_S = 50e-6
 WRITER_MAX_SLEEP_S = 0.001
 # close() waits at most this long for overflow frames still queued to live readers.
 CLOSE_LINGER_MS = 1000
@@ -118,7 +118,7 @@ class MessageQueue:
         self.local_socket = self.remote_socket = self.notify_socket = None
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
-        self._last_notify = float("-inf")
+        self._next_notify = float("-inf")
 
     def _xpub(self, address: str) -> zmq.Socket:
         sock = self.context.socket(zmq.XPUB)
@@ -175,27 +175,25 @@ class MessageQueue:
         """Broadcast obj to every reader; wait at most timeout s for a free chunk."""
         if not self.is_writer:
             raise RuntimeError("only the writer enqueues; readers call dequeue()")
-        frames = [_bytes_view(f) for f in self.encoder.encode(obj)]
+        frames = self.encoder.encode(obj)
         if self.buffer is not None:
             self._write_local(frames, timeout)
         if self.remote_socket is not None:
             self.remote_socket.send_multipart(frames, copy=False)
 
-    def _write_local(self, frames: list[memoryview], timeout: float | None) -> None:
-        ring, sizes = self.buffer, [f.nbytes for f in frames]
-        idx = self.current_idx
-        if not ring.writable(idx):
+    def _write_local(self, frames: list, timeout: float | None) -> None:
+        ring, idx = self.buffer, self.current_idx
+        packed = ring.write(idx, message_chunk.pack_into, frames)
+        if packed is NOT_READY:
             self._wait_writable(idx, timeout)
-        chunk = ring.begin_write(idx)
-        overflow = not message_chunk.pack_into(chunk, frames, sizes)
-        chunk.release()
-        ring.end_write(idx)
-        self.current_idx = (idx + 1) % ring.max_chunks
+            packed = ring.write(idx, message_chunk.pack_into, frames)
+        self.current_idx = idx + 1 if idx + 1 < ring.max_chunks else 0
+        overflow = not packed
         if overflow:
             self.local_socket.send_multipart(frames, copy=False)
         now = time.monotonic()
-        if notify_due(self.handle.busy_loop_s, self._last_notify, now):
-            self._last_notify = now
+        if now >= self._next_notify:  # spin_condition.notify_due, as one comparison
+            self._next_notify = now + self.handle.busy_loop_s / 2
             self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
 
     def _wait_writable(self, idx: int, timeout: float | None) -> None:
@@ -212,37 +210,46 @@ class MessageQueue:
             if waited < WRITER_SPIN_S:
                 os.sched_yield()
             else:
-                pause = min(WRITER_MAX_SLEEP_S, pause * 2 or 50e-6)
+                pause = min(WRITER_MAX_SLEEP_S, pause * 2 or WRITER_MIN_SLEEP_S)
                 time.sleep(pause)
 
     # --- readers -------------------------------------------------------------------------
     def dequeue(self, timeout: float | None = None) -> Any:
         """The next message, in order; TimeoutError after timeout s without one."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         if self.buffer is not None and not self.is_writer:
-            frames = self._read_local(deadline, timeout)
+            frames = self._read_local(timeout)
         elif self.remote_socket is not None and not self.is_writer:
+            deadline = None if timeout is None else time.monotonic() + timeout
             frames = self._recv(self.remote_socket, deadline, "a message from the writer over tcp")
         else:
             raise RuntimeError("only readers dequeue; the writer calls enqueue()")
         return self.decoder.decode(frames)
 
-    def _read_local(self, deadline: float | None, timeout: float | None) -> list:
+    def _read_local(self, timeout: float | None) -> list:
         idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
-        if not ring.readable(idx, rank):
-            self._wait_readable(idx, deadline, timeout)
-        frames = message_chunk.unpack_from(ring.buf, idx * ring.max_chunk_bytes)
-        ring.end_read(idx, rank)
-        self.current_idx = (idx + 1) % ring.max_chunks
-        self.spin.record_read()
+        deadline = None  # computed only when the reader has to wait
+        frames = ring.read(idx, rank, message_chunk.unpack_from)
+        if frames is NOT_READY:
+            deadline = self._wait_readable(idx, timeout)
+            frames = ring.read(idx, rank, message_chunk.unpack_from)
+        if idx + 1 < ring.max_chunks:
+            self.current_idx = idx + 1
+        else:
+            self.current_idx = 0
+            self.spin.drain_if_due(time.monotonic())
         if frames is None:  # overflow: the frames come on the socket, in the same order
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
             return self._recv(self.local_socket, deadline, "an overflow message on "
                               + _endpoint(self.local_socket))
         return frames
 
-    def _wait_readable(self, idx: int, deadline: float | None, timeout: float | None) -> None:
-        rank, ring = self.local_reader_rank, self.buffer
+    def _wait_readable(self, idx: int, timeout: float | None) -> float | None:
+        """Spin, then block, until chunk idx is readable; return the deadline."""
+        rank, ring, spin = self.local_reader_rank, self.buffer, self.spin
+        deadline = None if timeout is None else time.monotonic() + timeout
         ready = lambda: ring.readable(idx, rank)  # noqa: E731
+        spin.begin_wait()
         while not ready():
             if self.shutting_down:
                 raise QueueShutdown("dequeue() interrupted: the MessageQueue was shut down")
@@ -250,7 +257,9 @@ class MessageQueue:
                 raise TimeoutError(
                     f"reader {rank} waited {timeout:g} s for chunk {idx} of ring {ring.name} to be "
                     "written: is the writer alive and enqueueing?")
-            self.spin.wait(deadline, ready)
+            spin.wait(deadline, ready)
+        spin.end_wait()
+        return deadline
 
     def _recv(self, sock: zmq.Socket, deadline: float | None, what: str) -> list:
         while not sock.poll(_poll_ms(deadline)):
@@ -293,11 +302,6 @@ def _poll_ms(deadline: float | None) -> int:
 
 def _endpoint(sock: zmq.Socket) -> str:
     return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-
-def _bytes_view(frame: Any) -> memoryview:
-    view = memoryview(frame)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _close(context: zmq.Context, sockets: list, ring: ShmRingBuffer | None, ipc_files: list[str],

@@ -34,8 +34,9 @@ BUSY_LOOP_S = 0.1
 # Longest block in poll before the reader re-reads the flag anyway: bounds the cost of a lost
 # notification (one that went out before this reader's subscription was live).
 RECHECK_S = 1.0
-# A busy reader drains its notify socket this often: libzmq queues one internal command per
-# notification until the socket is polled (vLLM: SHM_NOTIFY_POLL_INTERVAL_S, :75).
+# A busy reader drains its notify socket at most this often, when a wait begins or its index
+# wraps around the ring: libzmq queues one internal command per notification until the socket
+# is polled (vLLM: SHM_NOTIFY_POLL_INTERVAL_S, :75).
 DRAIN_S = 2.0
 
 _cancel_ids = itertools.count()
@@ -47,6 +48,7 @@ class SpinCondition:
     def __init__(self, context: zmq.Context, notify_addr: str, busy_loop_s: float = BUSY_LOOP_S):
         self.busy_loop_s = busy_loop_s
         self.last_read = self.last_drain = time.monotonic()
+        self.read_after_wait = False
         self.notify = context.socket(zmq.SUB)
         self.notify.setsockopt(zmq.CONFLATE, 1)
         self.notify.setsockopt(zmq.SUBSCRIBE, b"")
@@ -63,8 +65,23 @@ class SpinCondition:
     def sockets(self) -> list[zmq.Socket]:
         return [self.notify, self.cancel_rx, self.cancel_tx]
 
-    def record_read(self) -> None:
-        self.last_read = now = time.monotonic()
+    def begin_wait(self) -> None:
+        """The ring ran dry: if the last wait ended in a read, the spin window starts now.
+
+        No timestamp per read: a reader that finds data never comes here. The window starts
+        at or after the last read, so a reader still blocks only busy_loop_s after it.
+        """
+        now = time.monotonic()
+        if self.read_after_wait:
+            self.read_after_wait = False
+            self.last_read = now
+        self.drain_if_due(now)
+
+    def end_wait(self) -> None:
+        """The ring has data again (a wait that times out or is shut down does not get here)."""
+        self.read_after_wait = True
+
+    def drain_if_due(self, now: float) -> None:
         if now - self.last_drain > DRAIN_S:
             self.last_drain = now
             if self.notify.poll(0):
@@ -94,7 +111,8 @@ class SpinCondition:
 
 
 def notify_due(busy_loop_s: float, last_notify: float, now: float) -> bool:
-    """Whether the writer must notify now (see the module docstring)."""
+    """Whether the writer must notify now (see the module docstring). MessageQueue keeps the
+    same rule as one comparison per enqueue: now >= last_notify + busy_loop_s / 2."""
     return now - last_notify >= busy_loop_s / 2
 
 
