@@ -1,0 +1,289 @@
+"""The judge's tests for exercise 201. Each receives the learner's module as `rf`.
+
+The judge's own engines are threads with real DEALER/PUSH sockets; the learner's engines run
+in real processes (`python -c "import router_frontend; ..."`). Every address is an ipc:// file
+in a private directory under the judge's $TMPDIR.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import zmq
+
+from minivllm.judge.api import Fail, check_equal, test
+from minivllm.utils.zmq import IpcDir
+
+WAIT_S = 1.5  # a message between threads on one host not delivered in this long was dropped
+START_S = 10.0  # a fresh Python process importing zmq is ready well within this
+STOP_S = 5.0  # an engine told to stop (or idle for 0.5 s) exits well within this
+ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
+
+
+class JudgeEngine(threading.Thread):
+    """A correct engine: connects after `delay` s, says READY, reverses prompts, records them."""
+
+    def __init__(self, ctx, rank, d, delay=0.0):
+        super().__init__(daemon=True)
+        self.ctx, self.rank, self.d, self.delay = ctx, rank, d, delay
+        self.requests: list[str] = []
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self):
+        if self.stop.wait(self.delay):
+            return
+        dealer, push = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.PUSH)
+        dealer.setsockopt(zmq.IDENTITY, ID[self.rank])
+        for s in (dealer, push):
+            s.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.d.path("in"))
+        push.connect(self.d.path("out"))
+        dealer.send(b"READY")
+        try:
+            while not self.stop.is_set():
+                if not dealer.poll(20):
+                    continue
+                frames = dealer.recv_multipart()
+                if frames == [b"STOP"]:
+                    return
+                _, rid, prompt = frames
+                self.requests.append(rid.decode())
+                push.send_multipart([ID[self.rank], rid, prompt[::-1]])
+        finally:
+            dealer.close()
+            push.close()
+
+    def wait_for(self, n, timeout=WAIT_S):
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+class Bench:
+    """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
+
+    def __init__(self, rf, n_engines, delays):
+        self.ctx, self.d = zmq.Context(), IpcDir()
+        self.fe = rf.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
+        self.engines = [JudgeEngine(self.ctx, r, self.d, delay) for r, delay in enumerate(delays)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for e in self.engines:
+            e.stop.set()
+            e.join(2)
+        try:
+            self.fe.close()
+        finally:
+            self.ctx.term()
+            self.d.close()
+
+
+def _engine_process(rf, rank, d, idle_timeout=30.0):
+    code = (f"import {rf.__name__} as m; "
+            f"m.run_engine({rank}, {d.path('in')!r}, {d.path('out')!r}, {idle_timeout})")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc, what):
+    """Wait for an engine process to exit by itself; kill it and fail if it does not."""
+    try:
+        _, err = proc.communicate(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise Fail(f"{what}, the engine process was still running {STOP_S:g} s later. It must "
+                   "return, closing its sockets with a bounded linger: with the default linger, "
+                   "ctx.term() waits forever for messages that nobody will read.")
+    if proc.returncode != 0:
+        raise Fail(f"{what}, the engine process exited with code {proc.returncode}",
+                   expected=0, got=proc.returncode, detail=err[-2000:])
+
+
+@test(input="engine_identity(r) for r in 0, 3, 258, 65535; rank_of of each; -1, 65536, b'\\x03'")
+def identity(rf):
+    for rank, ident in [(0, b"\x00\x00"), (3, b"\x03\x00"), (258, b"\x02\x01"),
+                        (65535, b"\xff\xff")]:
+        check_equal(rf.engine_identity(rank), ident,
+                    f"engine_identity({rank}) (2 bytes, little endian)")
+        check_equal(rf.rank_of(ident), rank, f"rank_of({ident!r})")
+    for bad, call in [(-1, rf.engine_identity), (65536, rf.engine_identity), (b"\x03", rf.rank_of)]:
+        try:
+            call(bad)
+        except ValueError:
+            continue
+        raise Fail(f"{call.__name__}({bad!r}) must raise ValueError", input=repr(bad))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@test(input="FrontEnd(ipc in, ipc out, 1); close(); close()")
+def close_removes_socket_files(rf):
+    with IpcDir() as d:
+        before = _open_fds()
+        fe = rf.FrontEnd(d.path("in"), d.path("out"), 1)
+        files = [os.path.join(d.dir, n) for n in ("in", "out")]
+        for f in files:
+            if not os.path.exists(f):
+                raise Fail(f"FrontEnd() must bind its ROUTER and PULL: {f} does not exist")
+        fe.close()
+        left = [f for f in files if os.path.exists(f)]
+        if left:
+            raise Fail("after close() these socket files still exist: libzmq 4.3 does not "
+                       "remove the file of a bound ipc:// socket; close() must os.unlink it",
+                       got=left)
+        opened = _open_fds() - before
+        if opened > 0:
+            raise Fail(f"close() left {opened} file descriptors open: close both sockets and "
+                       "terminate the context (ctx.term())", expected=0, got=opened)
+        fe.close()
+
+
+@test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
+            "ADD r2 'abc', STOP", timeout=25,
+      hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
+def engine_says_ready_first(rf):
+    ctx, d = zmq.Context(), IpcDir()
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    for s in (router, pull):
+        s.setsockopt(zmq.LINGER, 0)
+    router.bind(d.path("in"))
+    pull.bind(d.path("out"))
+    proc = _engine_process(rf, 2, d)
+    try:
+        if not router.poll(int(START_S * 1000)):
+            raise Fail(f"no message from engine 2 within {START_S:g} s: the engine must send "
+                       "[b'READY'] first, so that the ROUTER learns its identity",
+                       expected=[ID[2], b"READY"], got="nothing")
+        check_equal(router.recv_multipart(), [ID[2], b"READY"],
+                    "the first message the ROUTER receives: [identity, b'READY'] (set the "
+                    "DEALER's IDENTITY before connect)")
+        router.send_multipart([ID[2], b"ADD", b"r1", b"hello"])
+        router.send_multipart([ID[2], b"ADD", b"r2", b"abc"])
+        outputs = [pull.recv_multipart() if pull.poll(int(WAIT_S * 1000)) else "nothing"
+                   for _ in range(2)]
+        check_equal(outputs, [[ID[2], b"r1", b"olleh"], [ID[2], b"r2", b"cba"]],
+                    "the outputs on the PULL: [identity, request_id, prompt[::-1]] per ADD")
+        router.send_multipart([ID[2], b"STOP"])
+        _finish(proc, "after STOP")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        router.close()
+        pull.close()
+        ctx.term()
+        d.close()
+
+
+@test(input="run_engine(0, ..., idle_timeout=0.5) with nothing bound at either address",
+      timeout=20)
+def engine_gives_up(rf):
+    with IpcDir() as d:
+        _finish(_engine_process(rf, 0, d, idle_timeout=0.5),
+                "with no front end and idle_timeout=0.5")
+
+
+@test(input="FrontEnd(n_engines=3); engines 0, 1, 2 connect 0.3, 0.6, 0.9 s late; "
+            "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'", timeout=20)
+def waits_for_every_engine(rf):
+    with Bench(rf, 3, [0.3, 0.6, 0.9]) as b:
+        ready = b.fe.wait_ready(10)
+        routed = [b.fe.add_request(f"to-{r}", b"prompt", engine=r) for r in (2, 0, 1)]
+        for e in b.engines:
+            e.wait_for(1)
+            if e.requests != [f"to-{e.rank}"]:
+                raise Fail(f"engine {e.rank} did not receive request 'to-{e.rank}' within "
+                           f"{WAIT_S:g} s: a ROUTER silently drops a message for an identity it "
+                           "has not heard from yet. wait_ready() must return only once every "
+                           "engine has sent READY.", expected=[f"to-{e.rank}"], got=e.requests)
+        check_equal(routed, [2, 0, 1], "add_request(..., engine=r) return values")
+        check_equal(ready, [0, 1, 2], "wait_ready()")
+
+
+@test(input="3 ready engines; add_request without engine x4, then engine=2, then without x3",
+      timeout=15)
+def round_robin(rf):
+    with Bench(rf, 3, [0, 0, 0]) as b:
+        b.fe.wait_ready(10)
+        ids = [f"r{i}" for i in range(8)]
+        routed = [b.fe.add_request(rid, b"x", engine=2 if i == 4 else None)
+                  for i, rid in enumerate(ids)]
+        check_equal(routed, [0, 1, 2, 0, 2, 1, 2, 0],
+                    "the ranks add_request returned (round robin 0, 1, 2, 0, ...; a request "
+                    "with engine=2 goes to 2 and does not move the round robin)")
+        for e in b.engines:
+            want = [rid for rid, r in zip(ids, routed) if r == e.rank]
+            e.wait_for(len(want))
+            check_equal(e.requests, want, f"the requests engine {e.rank} received, in order")
+
+
+@test(input="3 ready engines, 9 requests, get_outputs(9, 5), then get_outputs(1, 0.3)",
+      timeout=15, hang="get_outputs must give up after its timeout: poll, never a bare recv.")
+def gathers_outputs(rf):
+    with Bench(rf, 3, [0, 0, 0]) as b:
+        b.fe.wait_ready(10)
+        expected = []
+        for i in range(9):
+            prompt = f"prompt number {i}".encode()
+            rank = b.fe.add_request(f"q{i}", prompt)
+            expected.append((f"q{i}", rank, prompt[::-1]))
+        outputs = b.fe.get_outputs(9, 5)
+        check_equal(sorted(outputs), sorted(expected),
+                    "the outputs (request_id, rank, output), sorted")
+        try:
+            extra = b.fe.get_outputs(1, 0.3)
+        except TimeoutError:
+            return
+        raise Fail("get_outputs(1, 0.3) with no output pending must raise TimeoutError",
+                   expected="TimeoutError", got=extra)
+
+
+@test(input="FrontEnd(n_engines=3), only engines 0 and 1 start; wait_ready(1.0)", timeout=15,
+      hang="wait_ready must give up after its timeout: poll, never a bare recv.")
+def wait_ready_timeout(rf):
+    with Bench(rf, 3, [0, 0]) as b:
+        try:
+            got = b.fe.wait_ready(1.0)
+        except TimeoutError as e:
+            if "[2]" not in str(e):
+                raise Fail("the TimeoutError must list the ranks that did not send READY",
+                           expected="... [2] ...", got=str(e))
+            return
+        raise Fail("wait_ready(1.0) must raise TimeoutError when engine 2 never says READY",
+                   expected="TimeoutError", got=got)
+
+
+@test(input="your FrontEnd and 2 of your engines as processes; 20 requests; shutdown()",
+      timeout=40)
+def end_to_end(rf):
+    with IpcDir() as d:
+        fe = rf.FrontEnd(d.path("in"), d.path("out"), 2)
+        procs = [_engine_process(rf, r, d) for r in range(2)]
+        try:
+            check_equal(fe.wait_ready(START_S), [0, 1], "wait_ready()")
+            expected = []
+            for i in range(20):
+                prompt = os.urandom(1 + i)
+                expected.append((f"e{i}", fe.add_request(f"e{i}", prompt), prompt[::-1]))
+            check_equal(sorted(fe.get_outputs(20, START_S)), sorted(expected),
+                        "the outputs (request_id, rank, output), sorted")
+            fe.shutdown()
+            for r, proc in enumerate(procs):
+                _finish(proc, f"after shutdown(), engine {r}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+            fe.close()
