@@ -1,0 +1,202 @@
+"""The judge's tests for exercise 202. Each receives the learner's module as `xs`.
+
+Subscribers are real processes (`python -c ...`): the judge's own, which start late on purpose
+so that a publisher that does not wait loses messages every time, and the learner's `receive`.
+Every address is an ipc:// file in a private directory under the judge's $TMPDIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import zmq
+
+from minivllm.judge.api import Fail, check_equal, test
+from minivllm.utils.zmq import IpcDir
+
+LATE_S = 0.5  # the judge's subscribers connect this long after they start: the slow joiner
+JOIN_S = 8.0  # subscriber processes starting (and LATE_S) take far less than this
+QUIET_S = 2.0  # a subscriber that hears nothing for this long gives up
+YOUR_JOIN_S = 5.0  # the learner's subscribers start at once: plenty, and a cheap failure
+IN_PROCESS_JOIN_S = 2.0  # SUB sockets in the judge's own process subscribe within milliseconds
+
+JUDGE_SUBSCRIBER = """
+import json, sys, time, zmq
+address, late, count, quiet = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+time.sleep(late)
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB)
+sub.setsockopt(zmq.LINGER, 0)
+sub.connect(address)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+got = []
+while len(got) < count and sub.poll(int(quiet * 1000)):
+    got.append(sub.recv().decode())
+sub.close()
+ctx.term()
+print(json.dumps(got))
+"""
+
+
+def _start(code, *args):
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _collect(procs, what):
+    """Each subscriber process's list of messages; kills and fails on a stuck or crashed one."""
+    results = []
+    for i, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=JOIN_S + QUIET_S + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise Fail(f"{what} {i} did not finish: receive() must give up after `timeout` "
+                       "seconds without a message")
+        if proc.returncode != 0:
+            raise Fail(f"{what} {i} exited with code {proc.returncode}", detail=err[-2000:])
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _kill(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _check_all_received(results, messages, what):
+    for i, got in enumerate(results):
+        if got != messages:
+            first = f"; the first it got was {got[0]!r}" if got else ""
+            raise Fail(f"{what} {i} received {len(got)} of {len(messages)} messages{first}. A "
+                       "message published before a subscriber's subscription has reached the "
+                       "publisher is dropped (the slow joiner): wait for every subscription "
+                       "before publishing", expected=f"{messages[:3]}... ({len(messages)})",
+                       got=f"{got[:3]}... ({len(got)})")
+
+
+@test(input="3 SUB sockets subscribe to b''; wait_for_subscribers(3, 2.0)")
+def counts_every_subscriber(xs):
+    with IpcDir() as d:
+        ctx = zmq.Context()
+        pub = xs.Publisher(d.path("pub"))
+        subs = [ctx.socket(zmq.SUB) for _ in range(3)]
+        try:
+            for s in subs:
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(d.path("pub"))
+                s.setsockopt(zmq.SUBSCRIBE, b"")
+            try:
+                seen = pub.wait_for_subscribers(3, IN_PROCESS_JOIN_S)
+            except TimeoutError as e:
+                why = ("By default an XPUB passes on only the first subscription to a topic: "
+                       "set XPUB_VERBOSE" if "1 of 3" in str(e) else
+                       "Only an XPUB (not a PUB) hands subscriptions to recv()")
+                raise Fail("wait_for_subscribers(3) timed out although 3 SUB sockets had "
+                           f"subscribed to b'' (TimeoutError: {e}). {why}") from None
+            check_equal(seen, 3, "wait_for_subscribers(3, 2.0)")
+        finally:
+            for s in subs:
+                s.close()
+            pub.close()
+            ctx.term()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@test(input="Publisher(ipc address); close(); close()")
+def close_removes_socket_file(xs):
+    with IpcDir() as d:
+        before = _open_fds()
+        pub = xs.Publisher(d.path("pub"))
+        path = os.path.join(d.dir, "pub")
+        if not os.path.exists(path):
+            raise Fail(f"Publisher() must bind its XPUB: {path} does not exist")
+        pub.close()
+        if os.path.exists(path):
+            raise Fail("after close() the socket file still exists: libzmq 4.3 does not remove "
+                       "the file of a bound ipc:// socket; close() must os.unlink it", got=path)
+        opened = _open_fds() - before
+        if opened > 0:
+            raise Fail(f"close() left {opened} file descriptors open: close the socket and "
+                       "terminate the context (ctx.term())", expected=0, got=opened)
+        pub.close()
+
+
+@test(input=f"3 subscriber processes connect {LATE_S} s after they start; "
+            "wait_for_subscribers(3, 8.0); publish 100 messages", timeout=30)
+def slow_joiners(xs):
+    messages = [f"msg {i}" for i in range(100)]
+    with IpcDir() as d:
+        pub = xs.Publisher(d.path("pub"))
+        procs = [_start(JUDGE_SUBSCRIBER, d.path("pub"), LATE_S, len(messages), QUIET_S)
+                 for _ in range(3)]
+        try:
+            pub.wait_for_subscribers(3, JOIN_S)
+            for m in messages:
+                pub.publish(m.encode())
+            results = _collect(procs, "subscriber")
+        finally:
+            _kill(procs)
+            pub.close()
+        _check_all_received(results, messages, "subscriber")
+
+
+@test(input="1 SUB socket; wait_for_subscribers(2, 1.0)", timeout=8,
+      hang="wait_for_subscribers must give up after its timeout: poll, never a bare recv.")
+def wait_is_bounded(xs):
+    with IpcDir() as d:
+        ctx = zmq.Context()
+        pub = xs.Publisher(d.path("pub"))
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(d.path("pub"))
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            try:
+                seen = pub.wait_for_subscribers(2, 1.0)
+            except TimeoutError as e:
+                if "1 of 2" not in str(e):
+                    raise Fail("the TimeoutError must say how many joined",
+                               expected="... 1 of 2 ...", got=str(e)) from None
+                return
+            raise Fail("wait_for_subscribers(2, 1.0) with one subscriber must raise TimeoutError",
+                       expected="TimeoutError", got=seen)
+        finally:
+            sub.close()
+            pub.close()
+            ctx.term()
+
+
+@test(input="your receive(address, 50, 2.0) in 3 processes; your Publisher; 50 messages",
+      timeout=30)
+def your_subscribers(xs):
+    messages = [f"update {i}" for i in range(50)]
+    code = (f"import json, sys, {xs.__name__} as m; "
+            "print(json.dumps([x.decode() for x in m.receive(sys.argv[1], int(sys.argv[2]), "
+            "float(sys.argv[3]))]))")
+    with IpcDir() as d:
+        pub = xs.Publisher(d.path("pub"))
+        procs = [_start(code, d.path("pub"), len(messages), QUIET_S) for _ in range(3)]
+        try:
+            try:
+                pub.wait_for_subscribers(3, YOUR_JOIN_S)
+            except TimeoutError as e:
+                raise Fail("your publisher did not see the subscriptions of 3 receive() "
+                           f"processes (TimeoutError: {e}): receive() must connect and set "
+                           "zmq.SUBSCRIBE to b''") from None
+            for m in messages:
+                pub.publish(m.encode())
+            results = _collect(procs, "your receive() process")
+        finally:
+            _kill(procs)
+            pub.close()
+        _check_all_received(results, messages, "your receive() process")
