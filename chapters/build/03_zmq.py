@@ -90,27 +90,44 @@ print("send at once     :", push_pull(False), "<- the first puller took everythi
 print("wait for pullers :", push_pull(True), "<- round-robin")"""),
 md("""### PUB/SUB: the slow joiner, then XPUB to fix it
 A SUB's subscription reaches the PUB a little after `connect` returns. Until then the PUB has no
-subscriber and drops. An XPUB receives each subscription as a message (`b"\\x01" + topic`), so
+subscriber and drops. Whether the 5 messages below arrive is a race, so the cell runs it many
+times. An XPUB receives each subscription as a message (`b"\\x01" + topic`), so
 the writer can wait until every reader has joined: that is how vLLM's MessageQueue starts."""),
-code("""pub = make_zmq_socket(ctx, ipc.path("pub"), zmq.PUB, linger=0)
-sub = make_zmq_socket(ctx, ipc.path("pub"), zmq.SUB, linger=0)
-sub.setsockopt(zmq.SUBSCRIBE, b"")
-for n in range(5):
-    pub.send(b"update %d" % n)
-print("PUB sent 5 right away, SUB got", len(drain(sub)), "(the slow joiner)")
-close_all(pub, sub)
+code("""from collections import Counter
+TRIALS = 10 if QUICK else 20   # it is a race, so count how often each side wins
 
-xpub = make_zmq_socket(ctx, ipc.path("xpub"), zmq.XPUB, linger=0)
-subs = [make_zmq_socket(ctx, ipc.path("xpub"), zmq.SUB, linger=0) for _ in range(3)]
-for s in subs:
-    s.setsockopt(zmq.SUBSCRIBE, b"")
-joined = 0
-while joined < len(subs) and xpub.poll(WAIT_MS):
-    joined += xpub.recv()[:1] == b"\\x01"    # \\x01 = subscribe, \\x00 = unsubscribe
-for n in range(5):
-    xpub.send(b"update %d" % n)
-print(f"XPUB saw {joined} subscriptions, then sent 5: each SUB got", [len(drain(s)) for s in subs])
-close_all(xpub, *subs)"""),
+def pub_right_away():
+    \"\"\"PUB binds, SUB connects and subscribes, PUB sends 5 at once: how many arrive?\"\"\"
+    pub = make_zmq_socket(ctx, ipc.path("pub"), zmq.PUB, linger=0)
+    sub = make_zmq_socket(ctx, ipc.path("pub"), zmq.SUB, linger=0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    for n in range(5):
+        pub.send(b"update %d" % n)
+    got = len(drain(sub, 50))
+    close_all(pub, sub)
+    return got
+
+def xpub_waits(n_subs=3):
+    \"\"\"XPUB binds, waits for n_subs subscriptions, then sends 5: how many does each SUB get?\"\"\"
+    xpub = make_zmq_socket(ctx, ipc.path("xpub"), zmq.XPUB, linger=0)   # XPUB_VERBOSE is set
+    subs = [make_zmq_socket(ctx, ipc.path("xpub"), zmq.SUB, linger=0) for _ in range(n_subs)]
+    for s in subs:
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+    joined = 0
+    while joined < n_subs and xpub.poll(WAIT_MS):
+        joined += xpub.recv()[:1] == b"\\x01"    # \\x01 = subscribe, \\x00 = unsubscribe
+    for n in range(5):
+        xpub.send(b"update %d" % n)
+    got = [len(drain(s, 50)) for s in subs]
+    close_all(xpub, *subs)
+    return joined, got
+
+pub_counts = Counter(pub_right_away() for _ in range(TRIALS))
+print(f"PUB, send at once: {{received of 5: trials}} = {dict(pub_counts)}; "
+      f"messages lost in {TRIALS - pub_counts[5]} of {TRIALS} trials (the slow joiner)")
+xpub_runs = [xpub_waits() for _ in range(TRIALS)]
+print(f"XPUB, wait first : saw {sorted({j for j, _ in xpub_runs})} subscriptions per trial; "
+      f"all 3 SUBs got all 5 in {sum(got == [5, 5, 5] for _, got in xpub_runs)} of {TRIALS} trials")"""),
 md("""### REQ/REP: lockstep, and what a lost reply does
 REQ must alternate send, recv, send... A second send is an error (EFSM). If the reply is lost
 (the server died after reading), the REQ is stuck: it cannot send again. The only cure is to
@@ -135,11 +152,13 @@ message by its first frame. The engine's DEALER takes its DP rank as identity (2
 endian). With `ROUTER_MANDATORY`, routing to a peer the ROUTER does not know is an error instead
 of a silent drop: that is the message you would lose without the ready handshake."""),
 code("""router = make_zmq_socket(ctx, ipc.path("input"), zmq.ROUTER, linger=0)
+router.send_multipart([dp_rank_identity(1), b"ADD req-0"])   # no engine yet: no error either
+print("route req-0 to rank 1 before any engine connected: send returned normally")
 router.setsockopt(zmq.ROUTER_MANDATORY, 1)
 try:
-    router.send_multipart([dp_rank_identity(1), b"ADD req-0"])
+    router.send_multipart([dp_rank_identity(1), b"ADD req-0b"])
 except zmq.ZMQError as e:
-    print("route to rank 1 before any engine connected:", e)
+    print("the same with ROUTER_MANDATORY:", e)
 engines = [make_zmq_socket(ctx, ipc.path("input"), zmq.DEALER, bind=False, linger=0,
                            identity=dp_rank_identity(r)) for r in range(2)]
 for e in engines:
@@ -149,7 +168,8 @@ for _ in engines:
         ident, msg = router.recv_multipart()
         print("ROUTER got", msg, "from identity", ident, "= DP rank", identity_to_rank(ident))
 router.send_multipart([dp_rank_identity(1), b"ADD req-1"])
-print("engine 0 got:", drain(engines[0], 100), "| engine 1 got:", drain(engines[1]))
+print("engine 0 got:", drain(engines[0], 100), "| engine 1 got:", drain(engines[1]),
+      "<- req-0 was dropped, not queued")
 close_all(router, *engines)"""),
 md("""### Connect before bind, and multipart frames
 ZMQ connects in the background and retries, so the connecting side may start first: the
@@ -246,15 +266,28 @@ for name, addr in [("ipc", ipc.path("bench")), ("tcp", tcp_address())]:
 print("reference, not this machine (BENCHMARKS.md): zmq REQ/REP ipc 72.7 µs; PUSH/PULL ipc 3.6 GB/s")"""),
 md("""### The background I/O thread
 `send` only queues; libzmq's I/O thread (one per context by default) writes to the kernel.
-You can see the thread in `/proc/self/task`, and a queued message survives until linger ends."""),
+You can see the threads in `/proc/self/task`. Because the I/O thread owns the message, it outlives
+`close()`: a socket closed with a linger keeps trying to deliver for that long, even to a peer
+that binds only after the close. With linger 0 the message is dropped at once."""),
 code("""def threads():
     return len(os.listdir("/proc/self/task"))
 before = threads()
 c2 = zmq.Context(io_threads=2)
 s = c2.socket(zmq.PUSH)          # the first socket starts the context's threads
-print(f"OS threads: {before} before, {threads()} with a 2-I/O-thread context")
+print(f"OS threads: {before} before, {threads()} with a 2-I/O-thread context "
+      "(2 I/O threads + libzmq's reaper)")
 s.close(linger=0); c2.term()
-print(f"after term: {threads()}")"""),
+print(f"after term: {threads()}")
+
+for linger in (0, 1000):
+    addr = ipc.path(f"linger{linger}")
+    push = make_zmq_socket(ctx, addr, zmq.PUSH, bind=False)   # nobody has bound yet
+    push.send(b"survivor")
+    push.close(linger=linger)                                 # gone from Python ...
+    time.sleep(0.05)
+    pull = make_zmq_socket(ctx, addr, zmq.PULL, bind=True, linger=0)   # ... then a peer binds
+    print(f"closed with linger={linger:4} ms before anyone bound; the late PULL got", drain(pull, 500))
+    pull.close()"""),
 md("""## 5. In vLLM
 - `vllm/utils/network_utils.py:349`: `make_zmq_socket`; `:372` and `:376` set RCVHWM/SNDHWM to 0;
   `:390` XPUB_VERBOSE; `:334` the buffer-size policy (0.5 GiB only on big machines).
@@ -270,15 +303,19 @@ md("""## 5. In vLLM
 
 ## 6. What we add to minivllm
 `minivllm/utils/zmq.py`: the socket factory with vLLM's defaults, a private ipc directory that
-is removed on close, tcp port 0, and DP identities."""),
+is removed on close, tcp port 0, and DP identities. The directory matters because closing a
+bound ipc:// socket leaves its socket file behind (libzmq 4.3); vLLM unlinks its files itself
+(`vllm/utils/network_utils.py:43`)."""),
 code("""import inspect, minivllm.utils.zmq as mz
 print(inspect.getsource(mz.make_zmq_socket)); print(inspect.getsource(mz.IpcDir))"""),
 code("""with IpcDir() as d:
     print("mode", oct(os.stat(d.dir).st_mode & 0o777), d.path("input"))
     s = make_zmq_socket(ctx, d.path("input"), zmq.ROUTER, linger=0)
     print("SNDHWM", s.getsockopt(zmq.SNDHWM), "RCVHWM", s.getsockopt(zmq.RCVHWM), "files:", os.listdir(d.dir))
-    s.close()
-print("after close, directory exists?", os.path.exists(d.dir))
+    s.close(); time.sleep(0.1)
+    print("socket closed; files still in the directory:", os.listdir(d.dir),
+          "<- libzmq 4.3 does not unlink a bound ipc file")
+print("after IpcDir.close(), directory exists?", os.path.exists(d.dir))
 t = make_zmq_socket(ctx, "tcp://127.0.0.1:0", zmq.PULL, linger=0)
 print("port 0 bound to", bound_address(t)); t.close()"""),
 md("""## 7. What can go wrong
@@ -290,7 +327,7 @@ md("""## 7. What can go wrong
 | `ctx.term()` hangs at exit | a socket still open with unsent messages and linger -1: close sockets with a linger |
 | one worker gets all the work | PUSH sent before the others connected |
 | output corrupted under load | a buffer reused after `send(copy=False)` before the tracker was done |
-| `Address already in use` / stale `ipc` files | a previous run's socket file; use a fresh private directory |
+| stale `ipc` socket files pile up in /tmp | libzmq does not unlink a bound ipc file on close; remove it (or its private directory) yourself |
 | memory grows without bound | HWM 0 and a consumer that stopped reading: the price of never blocking |
 
 ## 8. Check yourself
