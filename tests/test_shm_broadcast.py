@@ -255,3 +255,25 @@ def test_an_idle_reader_blocked_in_poll_is_woken_by_the_notification(monkeypatch
             assert not lost, f"burst {burst}: the blocked reader was never woken (got {got})"
         assert got == list(range(9))
         reader.close()
+
+
+def test_dequeued_arrays_do_not_alias_the_ring():
+    """Small arrays travel inline in the msgpack body, and msgspec hands them to the decoder as
+    views of its input: the reader must decode from a copy, or the writer's next lap rewrites
+    arrays the reader already returned."""
+    writer = MessageQueue(1, 1, max_chunk_bytes=1024, max_chunks=2)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    try:
+        ready = threading.Thread(target=reader.wait_until_ready)
+        ready.start()
+        writer.wait_until_ready()
+        ready.join()
+        writer.enqueue({"ids": np.arange(8, dtype=np.int32), "tag": "first"})
+        first = reader.dequeue(timeout=5)
+        for lap in range(4):  # the writer reuses both chunks twice
+            writer.enqueue({"ids": np.full(8, -1 - lap, dtype=np.int32), "tag": "later"})
+            assert reader.dequeue(timeout=5)["tag"] == "later"
+        assert first["ids"].tolist() == list(range(8)) and first["tag"] == "first"
+    finally:
+        reader.close()
+        writer.close()

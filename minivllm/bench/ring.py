@@ -5,6 +5,10 @@ One writer broadcasts to N reader processes (2 by default), both transports in t
   - 1 KiB messages paced (one every PACE_S): one-way latency p50 and p99;
   - a size sweep, into sizes that overflow the ring's chunks onto its ZMQ socket.
 Each headline figure is the median of --repeats runs; the ratios compare medians of one run.
+Fair by construction: both transports carry the same object ([send time, payload bytes])
+through the same MsgpackEncoder/MsgpackDecoder, the same message counts, after one unreported
+warm-up run each, alternating run by run; CPU seconds are every process's (threads included)
+from the first send until the last reader is done.
 """
 
 from __future__ import annotations
@@ -61,8 +65,11 @@ class ReaderPool:
         self.close()
 
 
-def plan(quick: bool, repeats: int) -> tuple[list[Phase], list[Phase]]:
+def plan(quick: bool, repeats: int) -> tuple[list[Phase], list[Phase], list[Phase]]:
+    """(warm-up, headline, sweep). The warm-up runs each transport once, unreported: imports,
+    first page faults and socket buffers are paid before either one is measured."""
     n_fast, n_paced = (5_000, 300) if quick else (100_000, 2_000)
+    warmup = [Phase(t, MESSAGE_BYTES, n_fast // 5) for t in ("mq", "pubsub")]
     headline = []
     for _ in range(repeats):
         for transport in ("mq", "pubsub"):
@@ -72,7 +79,7 @@ def plan(quick: bool, repeats: int) -> tuple[list[Phase], list[Phase]]:
     sweep_bytes = SWEEP_BYTES // (16 if quick else 1)
     sweep = [Phase(t, s, max(50, min(sweep_cap, sweep_bytes // s)))
              for s in SWEEP_SIZES for t in ("mq", "pubsub")]
-    return headline, sweep
+    return warmup, headline, sweep
 
 
 def median_row(rows: list[dict], transport: str, paced: bool) -> dict:
@@ -91,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
     repeats = args.repeats or (1 if quick else 5)
-    headline, sweep = plan(quick, repeats)
+    warmup, headline, sweep = plan(quick, repeats)
     raw: list[dict] = []
     with ReaderPool(args.readers) as pool:
+        for phase in warmup:
+            pool.run(phase)
         for phase in tqdm(headline + sweep, desc="bench ring", unit="phase"):
             row = pool.run(phase)
             row.update(paced=phase.pace_s > 0, part="headline" if phase in headline else "sweep")
