@@ -154,7 +154,8 @@ class MsgpackDecoder:
         try:
             if len(frames) == 0:
                 raise DecodeError("no frames: a message has at least its msgpack body")
-            return self._decoder.decode(_buffer(frames[0]))
+            body = frames[0]  # bytes as they are: the common case from a ring or a copy
+            return self._decoder.decode(body if type(body) is bytes else _buffer(body))
         except DecodeError:
             raise
         except Exception as e:  # garbage can fail anywhere; the caller gets one error type
