@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 md, code = new_markdown_cell, new_code_cell
 cells = [
@@ -252,8 +252,5 @@ md("""## 10 · Summary
 """),
 ]
 
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                       "language": "python"}})
 out = Path(__file__).resolve().parents[1] / "01_processes.ipynb"
-nbformat.write(nb, out)
-print("wrote", out)
+write_notebook(cells, out)

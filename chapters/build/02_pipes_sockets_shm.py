@@ -1,7 +1,7 @@
 """Writes chapters/02_pipes_sockets_shm.ipynb (no outputs)."""
 from pathlib import Path
-import nbformat
-from nbformat.v4 import new_code_cell as code, new_markdown_cell as md, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell as code, new_markdown_cell as md
 
 cells = [
 md("""# 02 · Pipes, sockets and shared memory: what it costs to move bytes between processes
@@ -164,7 +164,5 @@ md("""## 10 · Summary
 - `python judge.py 213` — the next step, from chapter 05: a shared-memory ring buffer with flags instead of a doorbell.
 """),
 ]
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
 out = Path(__file__).resolve().parents[1] / "02_pipes_sockets_shm.ipynb"
-nbformat.write(nb, out)
-print("wrote", out)
+write_notebook(cells, out)

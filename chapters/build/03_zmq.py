@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 md, code = new_markdown_cell, new_code_cell
 cells = [
@@ -370,8 +370,5 @@ ipc.close()
 print("closed; ipc dir removed:", not os.path.exists(ipc.dir))"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                        "language": "python"}})
 out = Path(__file__).resolve().parents[1] / "03_zmq.ipynb"
-nbformat.write(nb, out)
-print("wrote", out)
+write_notebook(cells, out)

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 md, code = new_markdown_cell, new_code_cell
 cells = [
@@ -222,8 +222,5 @@ Practice:
   out of band, pickled, memcpy and the raw-socket ceiling, side by side"""),
 ]
 
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                        "language": "python"}})
 out = Path(__file__).resolve().parents[1] / "04_serialization.ipynb"
-nbformat.write(nb, out)
-print("wrote", out)
+write_notebook(cells, out)

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 CELLS = []
 
@@ -663,12 +663,8 @@ beats PUB/SUB because in the steady state nothing crosses the kernel."
 
 
 def main() -> None:
-    nb = new_notebook(cells=CELLS, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"}})
     out = Path(__file__).resolve().parents[1] / "05_shm_ring_buffer.ipynb"
-    nbformat.write(nb, out)
-    print("wrote", out)
+    write_notebook(CELLS, out)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbwriter import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 OUT = Path(__file__).resolve().parent.parent / "06_cuda_ipc.ipynb"
 V = "vLLM 0.33.0, `vllm/distributed/weight_transfer/`"
@@ -402,7 +402,4 @@ Practice:
 - `python judge.py 302`: hand weights over by shared memory, and keep them until the ack.
 """)
 
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                        "language": "python"}})
-nbformat.write(nb, OUT)
-print(f"wrote {OUT}")
+write_notebook(cells, OUT)
