@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_model import make_tiny_model_dir
 
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, decode_bias
-from minivllm.model.llama import LlamaModel
+from minivllm.model.llama import SKINNY_BELOW, LlamaModel, fold_norm, matmul, split_rows
 from minivllm.model.loader import load_config, load_weights, unpermute_rope_rows
 from minivllm.model.sampler import sample
 
@@ -109,6 +110,27 @@ def _params(b, temperature=1.0, top_p=1.0, top_k=0, seed=-1, step=0):
     f = lambda v, dt: torch.full((b,), v, dtype=dt)  # noqa: E731
     return (f(temperature, torch.float32), f(top_p, torch.float32), f(top_k, torch.int32),
             f(seed, torch.int64), f(step, torch.int32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, SKINNY_BELOW, 33])
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_row_split_matmul_equals_x_times_w_transposed(rows, parts):
+    """Both kernels (W @ x^T for few rows, x @ W^T for many), for contiguous inputs and for the
+    column-major activations the few-rows kernel hands on."""
+    g = torch.Generator().manual_seed(rows * 10 + parts)
+    w, x = torch.randn(96, 40, generator=g), torch.randn(rows, 40, generator=g)
+    for inp in (x, x.t().contiguous().t()):
+        torch.testing.assert_close(matmul(inp, split_rows(w, parts)), x @ w.T)
+
+
+def test_folded_norm_weight_gives_the_norm_then_matmul():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 64, generator=g), torch.randn(32, 64, generator=g)
+    gain = 1 + 0.5 * torch.randn(64, generator=g)
+    unfolded = F.rms_norm(x, (64,), gain, 1e-5) @ w.T
+    folded = F.rms_norm(x, (64,), None, 1e-5) @ fold_norm(w, gain).T
+    torch.testing.assert_close(folded, unfolded, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(F.rms_norm(x, (64,), None, 1e-5) @ w.T, unfolded, atol=1e-2)
 
 
 def test_sampler_greedy_topk1_and_tiny_topp_pick_the_argmax():

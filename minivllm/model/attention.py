@@ -54,9 +54,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     flat = kv_cache.view(2, num_kv_heads, -1, head_dim)
     flat[0][:, meta.slot_mapping] = k.transpose(0, 1)
     flat[1][:, meta.slot_mapping] = v.transpose(0, 1)
-    out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
     scale = 1.0 / math.sqrt(head_dim)
     n = meta.num_decodes
+    if n == num_tokens:  # decodes only: no output buffer to copy into
+        return _decode(q, kv_cache, meta, scale)
+    out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
     if n:
         out[:n] = _decode(q[:n], kv_cache, meta, scale)
     for chunk in meta.prefills:
