@@ -8,7 +8,9 @@ matmul reads without another copy.
 
 A step's tokens are flattened: first the decode sequences (one query token each), then the
 prefill chunks (many query tokens each, with earlier context possibly already cached). Decodes
-go through one batched gather and two matmuls; each prefill chunk is one
+go through one batched gather, then one fused `scaled_dot_product_attention` call when they are
+few (on CPU a decode step is dominated by the number of small ops) or two matmuls and a softmax
+when they are many (faster there); each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
 reorder_batch_to_split_decodes_and_prefills, vllm/v1/attention/backends/utils.py:939.
 """
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+
+FUSED_DECODE_BELOW = 8  # decodes; below, one SDPA call is faster; from 8 up, matmul + softmax
 
 
 @dataclass
@@ -46,14 +51,12 @@ def decode_bias(seq_lens: torch.Tensor, num_slots: int, dtype: torch.dtype) -> t
     return bias[None, :, None, :]
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+def paged_attention(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
-    """q (T, H, D), k and v (T, KVH, D) -> (T, H * D); writes k and v into the cache first."""
+    """q (T, H, D), kv (T, 2, KVH, D) -> (T, H * D); writes k and v into the cache first."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    flat = kv_cache.view(2, num_kv_heads, -1, head_dim)
-    flat[0][:, meta.slot_mapping] = k.transpose(0, 1)
-    flat[1][:, meta.slot_mapping] = v.transpose(0, 1)
+    num_kv_heads = kv.shape[2]
+    kv_cache.view(2, num_kv_heads, -1, head_dim)[:, :, meta.slot_mapping] = kv.permute(1, 2, 0, 3)
     scale = 1.0 / math.sqrt(head_dim)
     n = meta.num_decodes
     if n == num_tokens:  # decodes only: no output buffer to copy into
@@ -75,6 +78,11 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
     flat = kv_cache.view(2, num_kv_heads, num_blocks, block_size * head_dim)
     blocks = flat.index_select(2, meta.decode_block_tables.flatten())
     keys, values = blocks.view(2, num_kv_heads, n, -1, head_dim)  # (KVH, n, slots, D) each
+    if n < FUSED_DECODE_BELOW:  # one fused kernel: fewer small ops, each costs dispatch time
+        o = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(0, 1),
+                                           values.transpose(0, 1), meta.decode_bias[0][:, None],
+                                           scale=scale, enable_gqa=True)
+        return o.view(n, num_heads * head_dim)
     qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # (KVH, n, group, D)
     scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(scale).add_(meta.decode_bias)
     probs = torch.softmax(scores, dim=-1)

@@ -128,9 +128,9 @@ class LlamaModel:
             h = F.rms_norm(x, shape, None, eps)  # the norm weights are folded into qkv, gate_up
             qkv = matmul(h, layer.qkv)
             qk = qkv[:, :self.q_size + self.kv_size].view(n, heads_qk, c.head_dim)
-            qk = torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, -1), sin)
-            v = qkv[:, self.q_size + self.kv_size:].view(n, c.num_kv_heads, c.head_dim)
-            attn = paged_attention(qk[:, :c.num_heads], qk[:, c.num_heads:], v, kv_cache, meta)
+            torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, -1), sin, out=qk)  # RoPE in place
+            kv = qkv[:, self.q_size:].view(n, 2, c.num_kv_heads, c.head_dim)
+            attn = paged_attention(qk[:, :c.num_heads], kv, kv_cache, meta)
             x += matmul(attn, layer.o)
             h = F.rms_norm(x, shape, None, eps)
             gate_up = matmul(h, layer.gate_up)
