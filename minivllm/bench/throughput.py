@@ -23,6 +23,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model.attention import AttentionMetadata, decode_bias
+from minivllm.model.llama import onednn_pack
 from minivllm.sampling_params import SamplingParams
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts
@@ -33,14 +34,21 @@ MATMUL_N = 2048  # a square matmul this size runs near the peak FLOP/s of the BL
 
 def measure_bandwidth(repeats: int) -> float:
     """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches. A limit is
-    the best the machine does (noise only lowers it), so take the fastest run."""
+    the best the machine does (noise only lowers it), so take the fastest of the repeats."""
     buf = torch.ones(BANDWIDTH_BYTES // 4)
     return BANDWIDTH_BYTES / _times(lambda: buf.sum(), repeats)[0]
 
 
 def measure_matmul(dtype: torch.dtype, repeats: int) -> float:
+    """FLOP/s of a large square matmul, the best of MKL (`a @ b`) and oneDNN with a prepacked
+    weight (the kernel the model uses for many rows): the limit is what the machine can do."""
     a, b = torch.randn(MATMUL_N, MATMUL_N, dtype=dtype), torch.randn(MATMUL_N, MATMUL_N, dtype=dtype)
-    return 2 * MATMUL_N ** 3 / _times(lambda: a @ b, repeats)[0]
+    kernels = [lambda: a @ b]
+    packed = onednn_pack(b)
+    if packed is not None:
+        a_onednn = a.to_mkldnn()
+        kernels.append(lambda: torch._C._nn.mkldnn_linear(a_onednn, packed, None))
+    return max(2 * MATMUL_N ** 3 / _times(k, repeats)[0] for k in kernels)
 
 
 def _times(fn, repeats: int) -> list[float]:
@@ -94,44 +102,54 @@ def model_decode(core: EngineCore, batch: int, steps: int) -> float:
     return batch / _median(step, steps)
 
 
+def measure_row(core: EngineCore, dtype: str, batch: int, steps: int, repeats: int,
+                rounds: int) -> dict:
+    """Engine and model tok/s for one batch, each round next to a fresh reading of both limits.
+
+    The machine's speed drifts (neighbours, memory phases), so each ratio is taken within a
+    round, between measurements seconds apart, and the row reports the median over rounds.
+    """
+    cfg = core.config
+    torch_dtype = cfg.torch_dtype
+    weight_bytes = cfg.model_config.num_params * torch.empty(0, dtype=torch_dtype).element_size()
+    flops_per_token = 2 * cfg.model_config.num_params
+    samples = []
+    for r in range(rounds):
+        bandwidth, flops = measure_bandwidth(repeats), measure_matmul(torch_dtype, repeats)
+        engine = engine_decode(core, batch, steps, f"{dtype}-{batch}-{r}")
+        samples.append({"engine_tok_s": engine, "model_tok_s": model_decode(core, batch, steps),
+                        "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": flops / 1e9,
+                        "vs_bandwidth_limit": engine * weight_bytes / bandwidth,
+                        "vs_matmul_limit": engine * flops_per_token / flops})
+    row = {"dtype": dtype, "batch": batch, "rounds": rounds}
+    row.update({k: statistics.median(s[k] for s in samples) for k in samples[0]})
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("throughput", __doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batches", default="1,8,32")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
-    steps, repeats = (4, 3) if quick else (24, 7)
+    steps, repeats, rounds = (4, 3, 1) if quick else (24, 5, 3)
     batches = [int(b) for b in args.batches.split(",")]
     dtypes = args.dtypes.split(",")
     results, ratios = [], {}
-    bar = tqdm(total=len(dtypes) * len(batches), desc="throughput", unit="run")
+    bar = tqdm(total=len(dtypes) * len(batches), desc="throughput", unit="row")
     for dtype in dtypes:
         config = EngineConfig(dtype=dtype, max_num_batched_tokens=max(batches) * PROMPT_LEN)
         core = EngineCore(config)
-        torch_dtype = config.torch_dtype
-        weight_bytes = config.model_config.num_params * torch.empty(0, dtype=torch_dtype).element_size()
-        flops_per_token = 2 * config.model_config.num_params
-        rows, bandwidth, flops = [], 0.0, 0.0
-        for batch in batches:  # limits measured between the runs; the best one counts
-            bandwidth = max(bandwidth, measure_bandwidth(repeats))
-            flops = max(flops, measure_matmul(torch_dtype, repeats))
-            rows.append({"dtype": dtype, "batch": batch,
-                         "engine_tok_s": engine_decode(core, batch, steps, f"{dtype}-{batch}"),
-                         "model_tok_s": model_decode(core, batch, steps)})
+        for batch in batches:
+            results.append(measure_row(core, dtype, batch, steps, repeats, rounds))
             bar.update(1)
-        bandwidth = max(bandwidth, measure_bandwidth(repeats))
-        flops = max(flops, measure_matmul(torch_dtype, repeats))
-        for row in rows:
-            row.update({"bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": flops / 1e9,
-                        "vs_bandwidth_limit": row["engine_tok_s"] * weight_bytes / bandwidth,
-                        "vs_matmul_limit": row["engine_tok_s"] * flops_per_token / flops})
-        results += rows
         core.shutdown()
         del core
     bar.close()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     print_table(results, ["dtype", "batch", "engine_tok_s", "model_tok_s", "bandwidth_GB_s",
-                          "matmul_GFLOP_s", "vs_bandwidth_limit", "vs_matmul_limit"])
+                          "matmul_GFLOP_s", "vs_bandwidth_limit", "vs_matmul_limit", "rounds"])
+    print("each ratio is the median over rounds of (tok/s / a limit measured just before it)")
     print(f"peak RSS {peak_rss:.0f} MiB; weights read per token: "
           f"{config.model_config.num_params / 1e6:.1f} M parameters")
     for row in results:

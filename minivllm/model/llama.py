@@ -12,6 +12,9 @@ parallelism across workers later splits the same way (qkv and gate_up by output 
 down by input columns), as vLLM does: MergedColumnParallelLinear and RowParallelLinear in
 vllm/model_executor/models/llama.py:95 and :103.
 
+For many rows (prefill, decode batches of 8 and more) each `Linear` also keeps a copy in
+oneDNN's prepacked layout, which ran batch-32 decode 1.6x faster than the bmm form here.
+
 For a few rows `matmul` computes W @ x^T, because MKL's kernel for that streams the weights
 faster (at batch 1 here, about 41 against 35 GB/s inside the model, and 1.2-1.5x in a loop). The result comes out as (out, M), so
 activations are (M, out) views with column-major strides, which the elementwise ops keep and
@@ -47,6 +50,34 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out.transpose(0, 1).reshape(m, parts * rows)
 
 
+class Linear:
+    """One weight matrix in two layouts: the row split that `matmul` streams for a few rows, and
+    oneDNN's prepacked blocked layout for many rows (prefill, big decode batches). At 32 rows
+    oneDNN ran these shapes 1.4-2x faster than MKL's bmm here, because it packs the weights once
+    at load instead of on every call. The packed copy costs the weights' memory again."""
+
+    def __init__(self, w: torch.Tensor, parts: int):
+        self.split = split_rows(w, parts)
+        self.packed = onednn_pack(w)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or x.shape[0] < SKINNY_BELOW:
+            return matmul(x, self.split)
+        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.packed, None).to_dense()
+
+
+def onednn_pack(w: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's layout of an (out, in) weight, or None where this torch build has no oneDNN."""
+    if not torch.backends.mkldnn.is_available() or w.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    try:
+        packed = w.contiguous().to_mkldnn()
+        torch._C._nn.mkldnn_linear(torch.zeros(1, w.shape[1], dtype=w.dtype).to_mkldnn(), packed, None)
+        return packed
+    except RuntimeError:  # e.g. bfloat16 on a CPU without the instructions oneDNN wants
+        return None
+
+
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """(out, in) -> W diag(g): RMSNorm's weight g moved into the matmul that follows it, since
     (x_hat * g) @ W^T == x_hat @ (W diag(g))^T. Exact up to rounding; one op less per norm."""
@@ -55,10 +86,10 @@ def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class LayerWeights:
-    qkv: torch.Tensor  # (parts, (heads + 2 * kv_heads) * head_dim / parts, hidden)
-    o: torch.Tensor  # (parts, hidden / parts, heads * head_dim)
-    gate_up: torch.Tensor  # (parts, 2 * intermediate / parts, hidden)
-    down: torch.Tensor  # (parts, hidden / parts, intermediate)
+    qkv: Linear  # ((heads + 2 * kv_heads) * head_dim, hidden)
+    o: Linear  # (hidden, heads * head_dim)
+    gate_up: Linear  # (2 * intermediate, hidden)
+    down: Linear  # (hidden, intermediate)
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,10 +117,10 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
             return weights[name].float()
 
-        def matrix(*names: str, norm: str | None = None) -> torch.Tensor:
+        def matrix(*names: str, norm: str | None = None) -> Linear:
             w = torch.cat([take(n) for n in names], dim=0)  # (out, in) pieces -> one matrix
             w = fold_norm(w, take(norm)) if norm else w
-            return split_rows(w.to(dtype), self.parts)
+            return Linear(w.to(dtype), self.parts)
 
         self.layers = []
         for i in range(c.num_layers):
@@ -113,7 +144,7 @@ class LlamaModel:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
             return self.embed_tokens[input_ids]
-        return self.lm_head.view(-1, self.config.hidden_size)[input_ids]
+        return self.lm_head.split.view(-1, self.config.hidden_size)[input_ids]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -126,20 +157,20 @@ class LlamaModel:
         shape, eps = (c.hidden_size,), c.rms_norm_eps
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = F.rms_norm(x, shape, None, eps)  # the norm weights are folded into qkv, gate_up
-            qkv = matmul(h, layer.qkv)
+            qkv = layer.qkv(h)
             qk = qkv[:, :self.q_size + self.kv_size].view(n, heads_qk, c.head_dim)
             torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, -1), sin, out=qk)  # RoPE in place
             kv = qkv[:, self.q_size:].view(n, 2, c.num_kv_heads, c.head_dim)
             attn = paged_attention(qk[:, :c.num_heads], kv, kv_cache, meta)
-            x += matmul(attn, layer.o)
+            x += layer.o(attn)
             h = F.rms_norm(x, shape, None, eps)
-            gate_up = matmul(h, layer.gate_up)
+            gate_up = layer.gate_up(h)
             act = F.silu(gate_up[:, :c.intermediate_size]).mul_(gate_up[:, c.intermediate_size:])
-            x += matmul(act, layer.down)
+            x += layer.down(act)
         return F.rms_norm(x, shape, self.norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return matmul(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     @torch.inference_mode()
     def score(self, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
