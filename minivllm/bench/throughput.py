@@ -23,7 +23,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model.attention import AttentionMetadata, decode_bias
-from minivllm.model.llama import onednn_pack
+from minivllm.model.llama import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts
@@ -44,10 +44,9 @@ def measure_matmul(dtype: torch.dtype, repeats: int) -> float:
     weight (the kernel the model uses for many rows): the limit is what the machine can do."""
     a, b = torch.randn(MATMUL_N, MATMUL_N, dtype=dtype), torch.randn(MATMUL_N, MATMUL_N, dtype=dtype)
     kernels = [lambda: a @ b]
-    packed = onednn_pack(b)
+    packed = onednn_pack(b.t())  # a @ b == a @ (b^T)^T: b^T is the (out, in) weight
     if packed is not None:
-        a_onednn = a.to_mkldnn()
-        kernels.append(lambda: torch._C._nn.mkldnn_linear(a_onednn, packed, None))
+        kernels.append(lambda: onednn_linear(a, packed))
     return max(2 * MATMUL_N ** 3 / _times(k, repeats)[0] for k in kernels)
 
 

@@ -52,9 +52,11 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 class Linear:
     """One weight matrix in two layouts: the row split that `matmul` streams for a few rows, and
-    oneDNN's prepacked blocked layout for many rows (prefill, big decode batches). At 32 rows
-    oneDNN ran these shapes 1.4-2x faster than MKL's bmm here, because it packs the weights once
-    at load instead of on every call. The packed copy costs the weights' memory again."""
+    oneDNN's blocked layout, reordered once at load, for many rows (prefill, decode batches of 8
+    and more). At 32 rows that ran these shapes 2-3x faster than MKL's bmm here: MKL repacks the
+    weights on every call, oneDNN reads them packed. The second layout costs the weights' memory
+    again. (torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise are what inductor's
+    weight prepacking uses for CPU linears.)"""
 
     def __init__(self, w: torch.Tensor, parts: int):
         self.split = split_rows(w, parts)
@@ -63,7 +65,15 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or x.shape[0] < SKINNY_BELOW:
             return matmul(x, self.split)
-        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.packed, None).to_dense()
+        return onednn_linear(x, self.packed)
+
+
+ONEDNN_BATCH_HINT = 32  # rows the blocked layout is tuned for; any row count works with it
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x (M, in) @ a weight packed by onednn_pack -> (M, out)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
 
 
 def onednn_pack(w: torch.Tensor) -> torch.Tensor | None:
@@ -71,10 +81,10 @@ def onednn_pack(w: torch.Tensor) -> torch.Tensor | None:
     if not torch.backends.mkldnn.is_available() or w.dtype not in (torch.float32, torch.bfloat16):
         return None
     try:
-        packed = w.contiguous().to_mkldnn()
-        torch._C._nn.mkldnn_linear(torch.zeros(1, w.shape[1], dtype=w.dtype).to_mkldnn(), packed, None)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ONEDNN_BATCH_HINT)
+        onednn_linear(torch.zeros(1, w.shape[1], dtype=w.dtype), packed)
         return packed
-    except RuntimeError:  # e.g. bfloat16 on a CPU without the instructions oneDNN wants
+    except (RuntimeError, AttributeError):  # an old build, or bf16 without the CPU instructions
         return None
 
 
