@@ -135,13 +135,20 @@ def test_a_killed_reader_makes_the_writer_time_out_naming_it():
         mq.close()
 
 
+def attach_reader(mq: MessageQueue, handle=None) -> MessageQueue:
+    """Reader 0 of mq in this process, after both sides' ready handshake (the reader's half
+    runs on a thread, since each side waits for the other)."""
+    reader = MessageQueue.create_from_handle(handle or mq.export_handle(), 0)
+    t = threading.Thread(target=reader.wait_until_ready, args=(10,))
+    t.start()
+    mq.wait_until_ready(10)
+    t.join()
+    return reader
+
+
 def test_reader_timeout_names_the_chunk_and_the_writer():
     with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=2, busy_loop_s=0.01) as mq:
-        reader = MessageQueue.create_from_handle(pickle.loads(pickle.dumps(mq.export_handle())), 0)
-        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
-        t.start()
-        mq.wait_until_ready(10)
-        t.join()
+        reader = attach_reader(mq, pickle.loads(pickle.dumps(mq.export_handle())))
         mq.enqueue("one")
         assert reader.dequeue(timeout=1) == "one"
         with pytest.raises(TimeoutError, match=r"reader 0 waited 0.2 s for chunk 1 .*writer alive"):
@@ -151,11 +158,7 @@ def test_reader_timeout_names_the_chunk_and_the_writer():
 
 def test_shutdown_wakes_a_blocked_reader():
     with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=2, busy_loop_s=0.0) as mq:
-        reader = MessageQueue.create_from_handle(mq.export_handle(), 0)
-        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
-        t.start()
-        mq.wait_until_ready(10)
-        t.join()
+        reader = attach_reader(mq)
         outcome = []
 
         def block():
@@ -231,11 +234,7 @@ def test_an_idle_reader_blocked_in_poll_is_woken_by_the_notification(monkeypatch
 
     monkeypatch.setattr(spin_condition, "RECHECK_S", 60.0)
     with MessageQueue(1, 1, max_chunk_bytes=256, max_chunks=4, busy_loop_s=0.02) as mq:
-        reader = MessageQueue.create_from_handle(mq.export_handle(), 0)
-        t = threading.Thread(target=reader.wait_until_ready, args=(10,))
-        t.start()
-        mq.wait_until_ready(10)
-        t.join()
+        reader = attach_reader(mq)
         got = []
 
         def read(n):
@@ -262,12 +261,8 @@ def test_dequeued_arrays_do_not_alias_the_ring():
     views of its input: the reader must decode from a copy, or the writer's next lap rewrites
     arrays the reader already returned."""
     writer = MessageQueue(1, 1, max_chunk_bytes=1024, max_chunks=2)
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    reader = attach_reader(writer)
     try:
-        ready = threading.Thread(target=reader.wait_until_ready)
-        ready.start()
-        writer.wait_until_ready()
-        ready.join()
         writer.enqueue({"ids": np.arange(8, dtype=np.int32), "tag": "first"})
         first = reader.dequeue(timeout=5)
         for lap in range(4):  # the writer reuses both chunks twice
