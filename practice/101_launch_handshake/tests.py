@@ -31,30 +31,29 @@ def ready_handshake(ln):
         raise Fail("stop_worker returned while the process is alive")
 
 
+def _expect_start_error(ln, target: str, timeout: float, text: str, what: str) -> None:
+    """start_worker(ln.<target>) must raise WorkerStartError whose message holds `text`."""
+    try:
+        ln.start_worker(getattr(ln, target), (), timeout=timeout)
+    except ln.WorkerStartError as e:
+        if text not in str(e):
+            raise Fail(what, expected=f"...{text}...", got=str(e))
+    else:
+        raise Fail(f"start_worker({target}) must raise WorkerStartError")
+
+
 @test(input="start_worker(setup_fails)", timeout=15)
 def error_reaches_the_parent(ln):
-    try:
-        ln.start_worker(ln.setup_fails, (), timeout=10)
-    except ln.WorkerStartError as e:
-        if "boom" not in str(e):
-            raise Fail("WorkerStartError must carry the child's error text", expected="...boom...",
-                       got=str(e))
-    else:
-        raise Fail("start_worker(setup_fails) must raise WorkerStartError")
+    _expect_start_error(ln, "setup_fails", 10, "boom", "WorkerStartError must carry the child's "
+                        "error text")
     _no_children("after a failed start")
 
 
 @test(input="start_worker(setup_dies) with timeout=30", timeout=12,
       hang="the child died at once, but start_worker kept waiting: also wait on process.sentinel")
 def child_dies_before_ready(ln):
-    try:
-        ln.start_worker(ln.setup_dies, (), timeout=30)
-    except ln.WorkerStartError as e:
-        if "exit code 3" not in str(e):
-            raise Fail("the error must give the child's exit code", expected="...exit code 3...",
-                       got=str(e))
-    else:
-        raise Fail("start_worker(setup_dies) must raise WorkerStartError")
+    _expect_start_error(ln, "setup_dies", 30, "exit code 3", "the error must give the child's "
+                        "exit code")
     _no_children("after the child died")
 
 
