@@ -137,7 +137,7 @@ class Snapshot:
         return found
 
     def _new_children(self) -> list[psutil.Process]:
-        return [p for p in child_processes() if p.pid not in self.children and _alive(p)]
+        return [p for p in child_processes() if p.pid not in self.children]
 
 
 def _socket_inodes(pid: str) -> set[str]:
