@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
+from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
+                                   write_json)
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
@@ -60,10 +61,6 @@ def _times(fn, repeats: int) -> list[float]:
     return sorted(times)
 
 
-def _median(fn, repeats: int) -> float:
-    return statistics.median(_times(fn, repeats))
-
-
 def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
     """Decode tok/s through EngineCore.step() once every sequence is past its prompt."""
     rng = np.random.default_rng(batch)
@@ -98,7 +95,8 @@ def model_decode(core: EngineCore, batch: int, steps: int) -> float:
     def step() -> None:
         with torch.inference_mode():
             model.compute_logits(model.forward(ids, pos, runner.kv_caches, meta)).argmax(-1)
-    return batch / _median(step, steps)
+    step()  # warm-up, as _times does for the limits
+    return batch / median_time(step, steps)
 
 
 def measure_row(core: EngineCore, dtype: str, batch: int, steps: int, repeats: int,
