@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from tiny_model import make_tiny_model_dir
 
-from minivllm.model.attention import AttentionMetadata, PrefillChunk, decode_bias
+from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import SKINNY_BELOW, LlamaModel, fold_norm, matmul, split_rows
 from minivllm.model.loader import load_config, load_weights, unpermute_rope_rows
 from minivllm.model.sampler import sample
@@ -101,7 +101,7 @@ def _run(model, kv, rows, bs):
     if dec:
         nb = max(-(-n // bs) for _, n in dec)
         meta.decode_block_tables = torch.stack([t[:nb] for t, _ in dec])
-        meta.decode_bias = decode_bias(torch.tensor([n for _, n in dec]), nb * bs, torch.float32)
+        meta.decode_seq_lens = torch.tensor([n for _, n in dec])
     with torch.inference_mode():
         return model.compute_logits(model.forward(torch.tensor(ids), torch.cat(pos), kv, meta))
 

@@ -23,7 +23,7 @@ from minivllm.bench.common import (bench_parser, median_time, print_table, quick
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
-from minivllm.model.attention import AttentionMetadata, decode_bias
+from minivllm.model.attention import AttentionMetadata
 from minivllm.model.llama import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
 
@@ -88,8 +88,7 @@ def model_decode(core: EngineCore, batch: int, steps: int) -> float:
     tables = torch.arange(batch * blocks).view(batch, blocks)
     slots = tables[:, PROMPT_LEN // bs] * bs + PROMPT_LEN % bs
     meta = AttentionMetadata(slot_mapping=slots, num_decodes=batch, decode_block_tables=tables,
-                             decode_bias=decode_bias(torch.full((batch,), PROMPT_LEN + 1),
-                                                     blocks * bs, model.dtype))
+                             decode_seq_lens=torch.full((batch,), PROMPT_LEN + 1))
     ids, pos = torch.full((batch,), 1000), torch.full((batch,), PROMPT_LEN)
 
     def step() -> None:

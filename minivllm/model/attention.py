@@ -1,18 +1,13 @@
-"""Attention over a paged KV cache, in plain torch.
-
-Cache layout per layer: one tensor (2, num_kv_heads, num_blocks, block_size, head_dim), K then V.
-Token t of a sequence lives in block `block_table[t // block_size]` at offset
-`t % block_size`; its flat slot is `block * block_size + offset`. Putting the head dimension
-first lets one gather `cache[:, :, block_table]` give a (heads, seqs, tokens, head_dim) tensor that
-matmul reads without another copy.
+"""Attention over a paged KV cache (its layout: kv_layout.py).
 
 A step's tokens are flattened: first the decode sequences (one query token each), then the
 prefill chunks (many query tokens each, with earlier context possibly already cached). Decodes
-go through one batched gather, then one fused `scaled_dot_product_attention` call when they are
-few (on CPU a decode step is dominated by the number of small ops) or two matmuls and a softmax
-when they are many (faster there); each prefill chunk is one
+run in one call of the C op, which reads each sequence's blocks in place through its block
+table (custom_ops.py); where it cannot run (bfloat16, no compiler) they are gathered into a
+dense copy for two matmuls and a softmax. Each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
 reorder_batch_to_split_decodes_and_prefills, vllm/v1/attention/backends/utils.py:939.
+The new tokens' keys and values are already in the cache (custom_ops.rope_and_cache).
 """
 
 from __future__ import annotations
@@ -23,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-
-FUSED_DECODE_BELOW = 8  # decodes; below, one SDPA call is faster; from 8 up, matmul + softmax
+from minivllm.model import custom_ops
+from minivllm.model.kv_layout import key_blocks, value_blocks
 
 
 @dataclass
@@ -40,23 +35,20 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (num_tokens,) int64: where each token's K/V is written
     num_decodes: int = 0
     decode_block_tables: torch.Tensor | None = None  # (num_decodes, max_blocks) int64
-    decode_bias: torch.Tensor | None = None  # (1, num_decodes, 1, max_blocks * block_size)
+    decode_seq_lens: torch.Tensor | None = None  # (num_decodes,) int64, the new token included
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def decode_bias(seq_lens: torch.Tensor, num_slots: int, dtype: torch.dtype) -> torch.Tensor:
-    """0 where key j < seq_len, -inf past the end (padding blocks hold stale data)."""
+    """(n, num_slots): 0 where key j < seq_len, -inf past the end (padding holds stale data)."""
     pad = torch.arange(num_slots)[None, :] >= seq_lens[:, None]
-    bias = torch.zeros(pad.shape, dtype=dtype).masked_fill_(pad, float("-inf"))
-    return bias[None, :, None, :]
+    return torch.zeros(pad.shape, dtype=dtype).masked_fill_(pad, float("-inf"))
 
 
-def paged_attention(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor,
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
-    """q (T, H, D), kv (T, 2, KVH, D) -> (T, H * D); writes k and v into the cache first."""
+    """q (T, H, D) -> (T, H * D), over the cache, which already holds the step's k and v."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = kv.shape[2]
-    kv_cache.view(2, num_kv_heads, -1, head_dim)[:, :, meta.slot_mapping] = kv.permute(1, 2, 0, 3)
     scale = 1.0 / math.sqrt(head_dim)
     n = meta.num_decodes
     if n == num_tokens:  # decodes only: no output buffer to copy into
@@ -71,31 +63,37 @@ def paged_attention(q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor,
 
 def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
             scale: float) -> torch.Tensor:
+    out = custom_ops.paged_decode(q, kv_cache, meta.decode_block_tables, meta.decode_seq_lens,
+                                  scale)
+    return _decode_torch(q, kv_cache, meta, scale) if out is None else out
+
+
+def _decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                  scale: float) -> torch.Tensor:
+    """The same in plain torch: gather every sequence's blocks, then matmul, softmax, matmul."""
     n, num_heads, head_dim = q.shape
-    _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
-    group = num_heads // num_kv_heads
-    # index_select on a flat block axis: one gather, about 2x faster than advanced indexing
-    flat = kv_cache.view(2, num_kv_heads, num_blocks, block_size * head_dim)
-    blocks = flat.index_select(2, meta.decode_block_tables.flatten())
-    keys, values = blocks.view(2, num_kv_heads, n, -1, head_dim)  # (KVH, n, slots, D) each
-    if n < FUSED_DECODE_BELOW:  # one fused kernel: fewer small ops, each costs dispatch time
-        o = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(0, 1),
-                                           values.transpose(0, 1), meta.decode_bias[0][:, None],
-                                           scale=scale, enable_gqa=True)
-        return o.view(n, num_heads * head_dim)
+    keys_t, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
+    num_kv_heads, _, _, block_size = keys_t.shape
+    group, tables = num_heads // num_kv_heads, meta.decode_block_tables
+    nb = tables.shape[1]
+    keys_t = keys_t.index_select(1, tables.flatten()).view(num_kv_heads, n, nb, head_dim, -1)
+    values = values.index_select(1, tables.flatten()).view(num_kv_heads, n, -1, head_dim)
     qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # (KVH, n, group, D)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(scale).add_(meta.decode_bias)
-    probs = torch.softmax(scores, dim=-1)
+    scores = torch.matmul(qg[:, :, None], keys_t)  # (KVH, n, nb, group, block_size)
+    scores = scores.transpose(2, 3).reshape(num_kv_heads, n, group, nb * block_size)
+    bias = decode_bias(meta.decode_seq_lens, nb * block_size, q.dtype)[None, :, None]
+    probs = torch.softmax(scores.mul_(scale).add_(bias), dim=-1)
     return torch.matmul(probs, values).transpose(0, 1).reshape(n, num_heads * head_dim)
 
 
 def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
     n, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[1]
     ctx = chunk.context_len
-    blocks = kv_cache[:, :, chunk.block_ids]  # (2, KVH, nb, bs, D)
-    keys = blocks[0].reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
-    values = blocks[1].reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
+    keys_t = key_blocks(kv_cache, head_dim)[:, chunk.block_ids]  # (KVH, nb, D, bs)
+    num_kv_heads = keys_t.shape[0]
+    keys = keys_t.transpose(-1, -2).reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
+    values = value_blocks(kv_cache, head_dim)[:, chunk.block_ids]
+    values = values.reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
     qh = q.transpose(0, 1)[None]  # (1, H, n, D)
     if ctx == n:
         o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)

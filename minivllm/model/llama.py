@@ -1,5 +1,7 @@
-"""The Llama architecture in plain torch: RMSNorm, RoPE, grouped-query attention over a paged
-KV cache, SwiGLU, tied embeddings.
+"""The Llama architecture in torch: RMSNorm, RoPE, grouped-query attention over a paged KV
+cache, SwiGLU, tied embeddings. The matmuls are torch's; what lies between them (RoPE and the
+cache write, decode attention, SiLU-and-mul, residual add + RMSNorm) runs as fused ops
+(custom_ops.py), in C where they are built, else in torch.
 
 Weights are kept as Hugging Face stores them, (out, in), with q/k/v fused into one matrix and
 gate/up into another, so a layer is four matmuls.
@@ -16,9 +18,10 @@ For many rows (prefill, decode batches of 8 and more) each `Linear` also keeps a
 oneDNN's prepacked layout, which ran batch-32 decode 1.6x faster than the bmm form here.
 
 For a few rows `matmul` computes W @ x^T, because MKL's kernel for that streams the weights
-faster (at batch 1 here, about 41 against 35 GB/s inside the model, and 1.2-1.5x in a loop). The result comes out as (out, M), so
-activations are (M, out) views with column-major strides, which the elementwise ops keep and
-the next matmul reads without a copy. For many rows x @ W^T on the same storage is faster.
+faster (at batch 1 here, about 41 against 35 GB/s inside the model, and 1.2-1.5x in a loop).
+The result comes out as (out, M), an (M, out) view with column-major strides, which the next
+matmul reads without a copy (the C ops copy it to rows first: a few rows, a few KiB). For many
+rows x @ W^T on the same storage is faster.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from minivllm.model import custom_ops
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 
@@ -120,7 +123,6 @@ class LlamaModel:
         self.parts = parts or torch.get_num_threads()  # row slabs per matrix
         c = config
         self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
 
         def take(name: str) -> torch.Tensor:  # float32: folding rounds once, in to(dtype)
             if name not in weights:
@@ -160,24 +162,19 @@ class LlamaModel:
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (num_tokens, hidden) after the final norm; writes the KV cache."""
         c = self.config
-        n = input_ids.shape[0]
-        heads_qk = c.num_heads + c.num_kv_heads
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        x = self.embed(input_ids).contiguous()
-        shape, eps = (c.hidden_size,), c.rms_norm_eps
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            h = F.rms_norm(x, shape, None, eps)  # the norm weights are folded into qkv, gate_up
-            qkv = layer.qkv(h)
-            qk = qkv[:, :self.q_size + self.kv_size].view(n, heads_qk, c.head_dim)
-            torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, -1), sin, out=qk)  # RoPE in place
-            kv = qkv[:, self.q_size:].view(n, 2, c.num_kv_heads, c.head_dim)
-            attn = paged_attention(qk[:, :c.num_heads], kv, kv_cache, meta)
-            x += layer.o(attn)
-            h = F.rms_norm(x, shape, None, eps)
-            gate_up = layer.gate_up(h)
-            act = F.silu(gate_up[:, :c.intermediate_size]).mul_(gate_up[:, c.intermediate_size:])
-            x += layer.down(act)
-        return F.rms_norm(x, shape, self.norm, eps)
+        n, eps = input_ids.shape[0], c.rms_norm_eps
+        x = self.embed(input_ids).contiguous()  # the residual stream
+        h = custom_ops.rms_norm(x, None, eps)  # norm weights are folded into qkv and gate_up
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            qkv = layer.qkv(h).contiguous()
+            custom_ops.rope_and_cache(qkv, positions, self.cos, self.sin, c.num_heads,
+                                      c.num_kv_heads, c.head_dim, kv_cache, meta.slot_mapping)
+            q = qkv[:, :self.q_size].view(n, c.num_heads, c.head_dim)
+            h = custom_ops.rms_norm(x, None, eps, delta=layer.o(paged_attention(q, kv_cache, meta)))
+            last = i == len(self.layers) - 1  # the final norm keeps its weight: see __init__
+            h = custom_ops.rms_norm(x, self.norm if last else None, eps,
+                                    delta=layer.down(custom_ops.silu_and_mul(layer.gate_up(h))))
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -196,8 +193,9 @@ class LlamaModel:
         return self.compute_logits(hidden)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        """Per layer (2, kv heads, blocks, block_size * head_dim): see attention.py."""
         c = self.config
-        shape = (2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+        shape = (2, c.num_kv_heads, num_blocks, block_size * c.head_dim)
         return [torch.zeros(shape, dtype=self.dtype) for _ in range(c.num_layers)]
 
     @staticmethod

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.model import custom_ops
+
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM: vllm/sampling_params.py:32)
 SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one generator seed
 
@@ -19,7 +21,7 @@ SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one gen
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            top_k: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """logits (B, V) float32 -> token ids (B,) int64. seeds -1 means unseeded."""
-    greedy = logits.argmax(dim=-1)
+    greedy = custom_ops.argmax(logits)
     random_rows = (temperature >= GREEDY_BELOW).nonzero().flatten()
     if random_rows.numel() == 0:
         return greedy

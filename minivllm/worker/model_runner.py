@@ -13,7 +13,7 @@ import torch
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from minivllm.model.attention import AttentionMetadata, PrefillChunk, decode_bias
+from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
 from minivllm.model.sampler import sample
@@ -53,7 +53,9 @@ class ModelRunner:
         rows = np.flatnonzero(so.sample_rows[order])
         sampled = np.full(num_rows, -1, np.int32)
         if rows.size:
-            logits = self.model.compute_logits(hidden[torch.from_numpy(new_starts[rows + 1] - 1)])
+            last = new_starts[rows + 1] - 1  # each sampled row's last token; increasing
+            logits = self.model.compute_logits(
+                hidden if last.size == len(hidden) else hidden[torch.from_numpy(last)])
             orig = order[rows]
             tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
                 so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
@@ -69,8 +71,7 @@ class ModelRunner:
         if num_decodes:
             max_blocks = int(-(-seq_lens[:num_decodes].max() // bs))
             meta.decode_block_tables = torch.from_numpy(tables[:num_decodes, :max_blocks])
-            meta.decode_bias = decode_bias(torch.from_numpy(seq_lens[:num_decodes]),
-                                           max_blocks * bs, self.model.dtype)
+            meta.decode_seq_lens = torch.from_numpy(seq_lens[:num_decodes])
         for row in range(num_decodes, len(q_lens)):
             ctx = int(seq_lens[row])
             meta.prefills.append(PrefillChunk(int(starts[row]), int(starts[row + 1]), ctx,

@@ -1,0 +1,108 @@
+"""Build csrc/cpu_ops.c for this machine and load it with ctypes.
+
+The source is compiled on first use with the system's C compiler for this CPU (-march=native),
+into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
+minivllm.model.csrc_build` does it ahead of time. Without a compiler, or with
+MINIVLLM_CUSTOM_OPS=torch, `load()` returns None and the model runs the torch versions.
+
+Two compile steps on purpose: -ffast-math (vectorised expf, reassociated sums) applies to the
+ops' object only. Linking a shared library with it would, on gcc 12, add crtfastmath, which
+sets flush-to-zero for the whole process, torch included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
+ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "c" (the default where it builds) or "torch"
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+if platform.machine() in ("x86_64", "AMD64"):
+    COMPILE_FLAGS.append("-mprefer-vector-width=512")  # gcc's default stops at 256 bits
+LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
+LIBS = ["-lm"]  # with libmvec, the vector expf
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minivllm")
+    return Path(root) / "kernels"
+
+
+def _cpu_id() -> str:
+    try:  # -march=native binds the build to this CPU's instruction set
+        flags = [line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))]
+        return flags[0] if flags else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+def build(compiler: str | None = None) -> Path:
+    """Compile the kernel unless the cache has it; returns the shared library's path."""
+    cc = compiler or os.environ.get("CC") or "gcc"
+    if shutil.which(cc) is None:
+        raise KernelBuildError(f"no C compiler {cc!r} on PATH (set CC, or install gcc)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+                                     cc.encode(), _cpu_id().encode()])).hexdigest()[:16]
+    target = cache_dir() / f"cpu_ops-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp, "k.o"), Path(tmp, "k.so")
+        for cmd in ([cc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                    [cc, *LINK_FLAGS, str(obj), "-o", str(lib), *LIBS]):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if done.returncode:
+                raise KernelBuildError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        os.replace(lib, target)  # atomic: processes building at once each get a whole file
+    return target
+
+
+SIGNATURES = {  # name: argument types; every op returns int, 0 for done
+    "paged_decode": "pi" + "ppppp" + "i" * 7 + "f",
+    "argmax_rows": "ppii",
+    "rope_and_cache": "pipppp" + "iii" + "pp" + "ii" + "p",
+    "silu_and_mul": "ppii",
+    "add_rms_norm": "pppp" + "ii" + "f",
+}
+CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The ops library, built if needed; None (with a warning, once) where it cannot be."""
+    if os.environ.get(ENABLE_ENV, "c") == "torch":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (KernelBuildError, OSError, subprocess.SubprocessError) as exc:
+        warnings.warn(f"the model runs its torch ops: the C ops are unavailable ({exc})",
+                      stacklevel=2)
+        return None
+    for name, sig in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [CTYPES[c] for c in sig], ctypes.c_int
+    return lib
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except KernelBuildError as exc:
+        sys.exit(f"could not build the CPU ops: {exc}")

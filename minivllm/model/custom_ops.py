@@ -1,0 +1,113 @@
+"""The model's fused ops: the C version (csrc/cpu_ops.c) where it is built and the tensors
+are float32, else the torch version, which is also the reference the tests compare against.
+
+In vLLM these are custom ops too (vllm/_custom_ops.py). On the 2-core machine this was written
+on, they took a batch-32 decode step of SmolLM2 from about 40 to 33 ms: decode attention in
+torch must first gather every sequence's blocks into a copy (about 4 ms a step), and each of
+the other torch versions is several ops, where at 32 rows each op costs more in dispatch and in
+passes over memory than in arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.model import csrc_build
+from minivllm.model.kv_layout import key_blocks, value_blocks, write_kv
+
+
+def _ops(*tensors: torch.Tensor | None):
+    """The C library when it is loaded and every tensor given is float32, else None."""
+    for t in tensors:
+        if t is not None and t.dtype != torch.float32:
+            return None
+    return csrc_build.load()
+
+
+def _check(rc: int, name: str) -> None:
+    if rc:
+        raise RuntimeError(f"C op {name} failed with code {rc}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             delta: torch.Tensor | None = None) -> torch.Tensor:
+    """x += delta in place (when given), then RMSNorm(x) (scaled by weight when given)."""
+    ops = _ops(x, weight, delta)
+    if ops is None or not x.is_contiguous():
+        if delta is not None:
+            x += delta
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    delta = None if delta is None else delta.contiguous()
+    out = torch.empty_like(x)
+    _check(ops.add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
+                            None if weight is None else weight.data_ptr(), out.data_ptr(),
+                            x.shape[0], x.shape[1], eps), "add_rms_norm")
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(n, 2I) -> silu(gate) * up, (n, I)."""
+    n, two_i = gate_up.shape
+    ops = _ops(gate_up)
+    if ops is None:
+        return F.silu(gate_up[:, :two_i // 2]).mul_(gate_up[:, two_i // 2:])
+    gate_up = gate_up.contiguous()
+    out = torch.empty(n, two_i // 2)
+    _check(ops.silu_and_mul(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2), "silu_and_mul")
+    return out
+
+
+def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """RoPE on the q and k heads of qkv (n, (H + 2 KVH) D), in place, with the rotate_half
+    tables (cos, sin by position; sin carries the sign), then k and v into the cache."""
+    n = qkv.shape[0]
+    ops = _ops(qkv, cos, kv_cache)
+    if ops is None or qkv.stride(1) != 1:
+        qk = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(n, -1, head_dim)
+        c, s = cos[positions][:, None, :], sin[positions][:, None, :]
+        torch.addcmul(qk * c, qk.roll(head_dim // 2, -1), s, out=qk)
+        kv = qkv[:, num_heads * head_dim:].view(n, 2, num_kv_heads, head_dim)
+        write_kv(kv[:, 0], kv[:, 1], kv_cache, slot_mapping)
+        return
+    keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
+    positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
+    _check(ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), n, positions.data_ptr(),
+                              cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads, head_dim,
+                              keys.data_ptr(), values.data_ptr(), keys.shape[1], keys.shape[3],
+                              slots.data_ptr()), "rope_and_cache")
+
+
+def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Decode attention, q (n, H, D) -> (n, H * D), in C; None where the C op cannot run it
+    (not built, not float32, a shape past its limits): attention.py then runs torch."""
+    ops = _ops(q, kv_cache)
+    if ops is None:
+        return None
+    n, heads, head_dim = q.shape
+    keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    tables, lens = (t.to(torch.int64).contiguous() for t in (block_tables, seq_lens))
+    if n and int(lens.max()) > tables.shape[1] * keys.shape[3]:
+        raise ValueError("a sequence is longer than its block table holds")
+    out = torch.empty(n, heads * head_dim)
+    rc = ops.paged_decode(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
+                          tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads, keys.shape[0], head_dim,
+                          keys.shape[1], keys.shape[3], tables.shape[1], scale)
+    if rc == -2:
+        raise MemoryError("paged_decode: no memory for the scores")
+    return out if rc == 0 else None
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B,) int64: the greedy tokens."""
+    ops = _ops(logits)
+    if ops is None or not logits.is_contiguous() or logits.dim() != 2 or logits.shape[1] == 0:
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    _check(ops.argmax_rows(logits.data_ptr(), out.data_ptr(), *logits.shape), "argmax_rows")
+    return out
