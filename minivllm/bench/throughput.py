@@ -62,7 +62,9 @@ def _times(fn, repeats: int) -> list[float]:
 
 
 def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
-    """Decode tok/s through EngineCore.step() once every sequence is past its prompt."""
+    """Decode tok/s through EngineCore.step() once every sequence is past its prompt, from the
+    median step time, as the model row is timed: on a shared machine a few steps take a
+    neighbour's hit, and a mean would charge those to the engine."""
     rng = np.random.default_rng(batch)
     vocab = core.config.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=steps + WARMUP_STEPS + 1, ignore_eos=True)
@@ -71,13 +73,14 @@ def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
         core.add_request(EngineCoreRequest(f"{tag}-{i}", prompt, params))
     while any(r.num_output_tokens < WARMUP_STEPS for r in core.scheduler.requests.values()):
         core.step()  # prefill, then a few untimed decode steps
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         core.step()
-    elapsed = time.perf_counter() - start
+        times.append(time.perf_counter() - start)
     while core.has_unfinished_requests():
         core.step()
-    return batch * steps / elapsed
+    return batch / statistics.median(times)
 
 
 def model_decode(core: EngineCore, batch: int, steps: int) -> float:
