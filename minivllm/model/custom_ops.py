@@ -92,14 +92,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
     tables, lens = (t.to(torch.int64).contiguous() for t in (block_tables, seq_lens))
-    if n and int(lens.max()) > tables.shape[1] * keys.shape[3]:
-        raise ValueError("a sequence is longer than its block table holds")
     out = torch.empty(n, heads * head_dim)
     rc = ops.paged_decode(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
                           tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads, keys.shape[0], head_dim,
                           keys.shape[1], keys.shape[3], tables.shape[1], scale)
     if rc == -2:
         raise MemoryError("paged_decode: no memory for the scores")
+    if rc == -3:
+        raise ValueError("a sequence is longer than its block table holds")
     return out if rc == 0 else None
 
 

@@ -70,7 +70,9 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots), num_decodes=num_decodes)
         if num_decodes:
             max_blocks = int(-(-seq_lens[:num_decodes].max() // bs))
-            meta.decode_block_tables = torch.from_numpy(tables[:num_decodes, :max_blocks])
+            # contiguous once here, not in each of the layers' attention calls
+            meta.decode_block_tables = torch.from_numpy(
+                np.ascontiguousarray(tables[:num_decodes, :max_blocks]))
             meta.decode_seq_lens = torch.from_numpy(seq_lens[:num_decodes])
         for row in range(num_decodes, len(q_lens)):
             ctx = int(seq_lens[row])

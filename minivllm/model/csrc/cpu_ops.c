@@ -162,7 +162,8 @@ static inline __attribute__((always_inline)) void attend(
     for (int g = 0; g < G; g++) memcpy(out + g * D, acc[g], sizeof(float) * D);
 }
 
-/* 0: done; -1: a shape past the limits above (the caller falls back to torch); -2: no memory */
+/* 0: done; -1: a shape past the limits above (the caller falls back to torch); -2: no memory;
+   -3: a sequence longer than its block table */
 /* Decode attention over the paged KV cache: one query token per sequence. Plain torch must
  * gather every sequence's blocks into a dense copy before its matmuls can read them; this reads
  * the blocks where they lie, once, through the block table.
@@ -180,6 +181,8 @@ int paged_decode(const float *restrict q, int64_t q_stride, const float *restric
                  int64_t KVH, int64_t D, int64_t NB, int64_t BS, int64_t max_blocks, float scale) {
     const int64_t G = H / KVH;
     if (G > MAX_G || D > MAX_D || BS > MAX_BS || G * KVH != H) return -1;
+    for (int64_t s = 0; s < n; s++)
+        if (lens[s] < 0 || lens[s] > max_blocks * BS) return -3;  /* past its block table */
     int failed = 0;
     #pragma omp parallel
     {
