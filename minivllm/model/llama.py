@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.model import custom_ops
+from minivllm.model import csrc_build, custom_ops
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 
@@ -154,6 +154,8 @@ class LlamaModel:
         self.embed_tokens = (None if c.tie_word_embeddings
                              else take("model.embed_tokens.weight").to(dtype).contiguous())
         self.cos, self.sin = rope_tables(c, dtype)
+        if dtype == torch.float32:
+            csrc_build.load()  # build the C ops now (or warn, once), not in the first step
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
