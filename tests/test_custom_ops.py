@@ -57,7 +57,8 @@ def _random_cache(num_kv_heads, num_blocks, block_size, head_dim, seed):
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size",
-                         [(9, 3, 64, 16), (4, 4, 32, 4), (8, 2, 16, 1), (6, 1, 128, 32)])
+                         [(9, 3, 64, 16), (4, 4, 32, 4), (8, 2, 16, 1), (6, 1, 128, 32),
+                          (4, 2, 15, 3)])
 def test_paged_decode_matches_the_torch_gather(heads, kv_heads, head_dim, block_size):
     """Ragged lengths, scattered block tables, stale data past each sequence's end."""
     cache, g = _random_cache(kv_heads, 64, block_size, head_dim, heads + block_size)
@@ -84,8 +85,8 @@ def test_paged_decode_declines_what_it_cannot_run():
         custom_ops.paged_decode(torch.randn(1, 2, 8), cache, tables, torch.tensor([5]), 1.0)
 
 
-def _rope_case(seed):
-    heads, kv_heads, head_dim, block_size = 4, 2, 16, 4
+def _rope_case(seed, head_dim):
+    heads, kv_heads, block_size = 4, 2, 4
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(6, (heads + 2 * kv_heads) * head_dim, generator=g)
     positions = torch.tensor([0, 1, 2, 7, 8, 30])
@@ -95,16 +96,19 @@ def _rope_case(seed):
     return qkv, positions, cos, sin, heads, kv_heads, head_dim, cache, slots
 
 
-def test_rope_and_cache_matches_torch(monkeypatch):
-    c_args, torch_args = _rope_case(1), _rope_case(1)
+@pytest.mark.parametrize("head_dim", [16, 260])  # 260: past the C op's limit, torch does it
+def test_rope_and_cache_matches_torch(monkeypatch, head_dim):
+    c_args, torch_args = _rope_case(1, head_dim), _rope_case(1, head_dim)
     custom_ops.rope_and_cache(*c_args)
     monkeypatch.setattr(csrc_build, "load", lambda: None)
     custom_ops.rope_and_cache(*torch_args)
     torch.testing.assert_close(c_args[0], torch_args[0])  # q and k rotated in place, v as is
     torch.testing.assert_close(c_args[-2], torch_args[-2])  # the same cache
-    k = key_blocks(c_args[-2], 16)  # and the keys really are stored transposed in their block
-    torch.testing.assert_close(k[1, 13 // 4, :, 13 % 4], c_args[0][3, 5 * 16:6 * 16])
-    torch.testing.assert_close(value_blocks(c_args[-2], 16)[0, 21 // 4, 21 % 4], c_args[0][5, 6 * 16:7 * 16])
+    d = head_dim  # the keys really are stored transposed in their block:
+    torch.testing.assert_close(key_blocks(c_args[-2], d)[1, 13 // 4, :, 13 % 4],
+                               c_args[0][3, 5 * d:6 * d])  # token 3's key, kv head 1
+    v = value_blocks(c_args[-2], d)[0, 21 // 4, 21 % 4]  # token 5's value, kv head 0
+    torch.testing.assert_close(v, c_args[0][5, 6 * d:7 * d])
 
 
 def test_model_logits_are_the_same_with_c_and_torch_ops(tmp_path, monkeypatch):
@@ -153,7 +157,8 @@ def test_custom_ops_env_switches_to_torch(monkeypatch):
     try:
         assert csrc_build.load() is None
         x = torch.randn(3, 8)
-        torch.testing.assert_close(custom_ops.rms_norm(x, None, 1e-6), F.rms_norm(x, (8,), None, 1e-6))
+        torch.testing.assert_close(custom_ops.rms_norm(x, None, 1e-6),
+                                   F.rms_norm(x, (8,), None, 1e-6))
     finally:
         monkeypatch.delenv(csrc_build.ENABLE_ENV)
         csrc_build.load.cache_clear()

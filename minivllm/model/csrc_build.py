@@ -45,7 +45,8 @@ def cache_dir() -> Path:
 
 def _cpu_id() -> str:
     try:  # -march=native binds the build to this CPU's instruction set
-        flags = [line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))]
+        with open("/proc/cpuinfo") as f:
+            flags = [line for line in f if line.startswith(("flags", "Features"))]
         return flags[0] if flags else platform.processor()
     except OSError:
         return platform.processor()

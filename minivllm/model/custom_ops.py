@@ -63,21 +63,22 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
                    kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """RoPE on the q and k heads of qkv (n, (H + 2 KVH) D), in place, with the rotate_half
     tables (cos, sin by position; sin carries the sign), then k and v into the cache."""
-    n = qkv.shape[0]
     ops = _ops(qkv, cos, kv_cache)
-    if ops is None or qkv.stride(1) != 1:
-        qk = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(n, -1, head_dim)
-        c, s = cos[positions][:, None, :], sin[positions][:, None, :]
-        torch.addcmul(qk * c, qk.roll(head_dim // 2, -1), s, out=qk)
-        kv = qkv[:, num_heads * head_dim:].view(n, 2, num_kv_heads, head_dim)
-        write_kv(kv[:, 0], kv[:, 1], kv_cache, slot_mapping)
-        return
-    keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
-    positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
-    _check(ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), n, positions.data_ptr(),
-                              cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads, head_dim,
-                              keys.data_ptr(), values.data_ptr(), keys.shape[1], keys.shape[3],
-                              slots.data_ptr()), "rope_and_cache")
+    if ops is not None and qkv.stride(1) == 1:
+        keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
+        positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
+        rc = ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
+                                cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads,
+                                head_dim, keys.data_ptr(), values.data_ptr(), keys.shape[1],
+                                keys.shape[3], slots.data_ptr())
+        if rc == 0:
+            return  # -1: a head size the C op does not take; torch does it
+    n = qkv.shape[0]
+    qk = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(n, -1, head_dim)
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]
+    torch.addcmul(qk * c, qk.roll(head_dim // 2, -1), s, out=qk)
+    kv = qkv[:, num_heads * head_dim:].view(n, 2, num_kv_heads, head_dim)
+    write_kv(kv[:, 0], kv[:, 1], kv_cache, slot_mapping)
 
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -94,8 +95,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     tables, lens = (t.to(torch.int64).contiguous() for t in (block_tables, seq_lens))
     out = torch.empty(n, heads * head_dim)
     rc = ops.paged_decode(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
-                          tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads, keys.shape[0], head_dim,
-                          keys.shape[1], keys.shape[3], tables.shape[1], scale)
+                          tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads,
+                          keys.shape[0], head_dim, keys.shape[1], keys.shape[3], tables.shape[1],
+                          scale)
     if rc == -2:
         raise MemoryError("paged_decode: no memory for the scores")
     if rc == -3:

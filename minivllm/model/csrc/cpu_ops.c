@@ -135,11 +135,13 @@ static inline __attribute__((always_inline)) void attend(
                     acc[g][1][t] += q1 * kt[(d + 1) * BS + t];
                 }
             }
-        if (D % 2)
+        if (D % 2)  /* the last dimension of an odd head size */
             for (int g = 0; g < G; g++)
-                for (int t = 0; t < BS; t++) acc[g][0][t] += qs[g * D + D - 1] * kt[(D - 1) * BS + t];
+                for (int t = 0; t < BS; t++)
+                    acc[g][0][t] += qs[g * D + D - 1] * kt[(D - 1) * BS + t];
         for (int g = 0; g < G; g++)
-            for (int t = 0; t < BS; t++) scores[g * span + j * BS + t] = acc[g][0][t] + acc[g][1][t];
+            for (int t = 0; t < BS; t++)
+                scores[g * span + j * BS + t] = acc[g][0][t] + acc[g][1][t];
     }
     for (int g = 0; g < G; g++) {  /* softmax over the sequence's len tokens only */
         float *restrict s = scores + g * span, m = s[0], sum = 0.f;
