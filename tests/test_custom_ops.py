@@ -51,6 +51,17 @@ def test_silu_and_mul_and_argmax():
     assert torch.equal(custom_ops.argmax(logits), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("rows", range(1, 8))
+def test_skinny_linear(rows):
+    """Few rows times a weight, K both a multiple of the vector width and not (the tail)."""
+    g = torch.Generator().manual_seed(rows)
+    for n, k in ((960, 576), (10, 37)):
+        x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+        torch.testing.assert_close(custom_ops.skinny_linear(x, w), x @ w.t(), atol=1e-4, rtol=1e-4)
+    assert custom_ops.skinny_linear(torch.randn(rows, 8), torch.randn(5, 8)) is None  # odd N
+    assert custom_ops.skinny_linear(torch.randn(8, 8), torch.randn(4, 8)) is None  # 8 rows
+
+
 def _random_cache(num_kv_heads, num_blocks, block_size, head_dim, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(2, num_kv_heads, num_blocks, block_size * head_dim, generator=g), g

@@ -78,6 +78,7 @@ def build(compiler: str | None = None) -> Path:
 SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "paged_decode": "pi" + "ppppp" + "i" * 7 + "f",
     "argmax_rows": "ppii",
+    "skinny_linear": "ppp" + "iii",
     "rope_and_cache": "pipppp" + "iii" + "pp" + "ii" + "p",
     "silu_and_mul": "ppii",
     "add_rms_norm": "pppp" + "ii" + "f",

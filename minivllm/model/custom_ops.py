@@ -1,7 +1,7 @@
 """The model's fused ops: the C version (csrc/cpu_ops.c) where it is built and the tensors
 are float32, else the torch version, which is also the reference the tests compare against.
 
-In vLLM these are custom ops too (vllm/_custom_ops.py). On the 2-core machine this was written
+Most are custom ops in vLLM too (vllm/_custom_ops.py). On the 2-core machine this was written
 on, they took a batch-32 decode step of SmolLM2 from about 40 to 33 ms: decode attention in
 torch must first gather every sequence's blocks into a copy (about 4 ms a step), and each of
 the other torch versions is several ops, where at 32 rows each op costs more in dispatch and in
@@ -113,3 +113,15 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     _check(ops.argmax_rows(logits.data_ptr(), out.data_ptr(), *logits.shape), "argmax_rows")
     return out
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x (M, K) @ w^T for w (N, K) and 1 <= M <= 7 rows -> (M, N), or None where the C op does
+    not run it (not built, not float32, more rows, odd N): llama.Linear then uses its bmm."""
+    ops = _ops(x, w)
+    if ops is None or not w.is_contiguous():
+        return None
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], w.shape[0])
+    rc = ops.skinny_linear(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[0], *w.shape)
+    return out if rc == 0 else None

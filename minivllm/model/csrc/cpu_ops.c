@@ -3,7 +3,8 @@
  * vLLM's model code calls custom kernels for the same jobs (vllm/_custom_ops.py):
  * rotary_embedding + reshape_and_cache, silu_and_mul, fused_add_rms_norm, and paged attention
  * (on CPU: ops.cpu_attention_with_kv_cache, vllm/v1/attention/backends/cpu_attn.py:449);
- * argmax_rows is minivllm's own, for greedy sampling.
+ * skinny_linear (decode matmuls at batch 1-7) and argmax_rows (greedy sampling) are
+ * minivllm's own.
  * In plain torch each is several ops over the batch, each op a pass over memory and a
  * dispatch; here each is one pass. custom_ops.py keeps the torch version of each as the
  * reference the tests compare against, and as the path for bfloat16.
@@ -63,6 +64,67 @@ int silu_and_mul(const float *restrict x, float *restrict out, int64_t n, int64_
         const float *gate = x + i * 2 * I, *up = gate + I;
         #pragma omp simd
         for (int64_t j = 0; j < I; j++) out[i * I + j] = gate[j] / (1.f + expf(-gate[j])) * up[j];
+    }
+    return 0;
+}
+
+/* y (M, N) = x (M, K) @ w^T for a few rows (decode at batch 1-7), w (N, K) row-major.
+ * Memory-bound: every weight is read once and used M times. Each thread streams a contiguous
+ * range of weight rows, two at a time (two accumulator chains per x row), prefetching ahead;
+ * the x rows stay in L1. GCC vector extensions: AVX-512 with -march=native, narrower
+ * vectors elsewhere. */
+typedef float vec __attribute__((vector_size(64)));
+#define LANES 16
+#define MAX_SKINNY 7
+
+static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+
+static inline float hsum(vec v) {
+    float s = 0.f;
+    for (int i = 0; i < LANES; i++) s += v[i];
+    return s;
+}
+
+static inline __attribute__((always_inline)) void skinny_rows(
+        const float *restrict x, const float *restrict w, float *restrict y, int64_t n0,
+        int64_t N, int64_t K, const int M) {
+    const float *w0 = w + n0 * K, *w1 = w0 + K;
+    vec a0[MAX_SKINNY], a1[MAX_SKINNY];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = (vec){0};
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        __builtin_prefetch(w0 + k + 4 * K, 0, 0);  /* two row pairs ahead */
+        __builtin_prefetch(w1 + k + 4 * K, 0, 0);
+        const vec v0 = load(w0 + k), v1 = load(w1 + k);
+        for (int m = 0; m < M; m++) {
+            const vec xv = load(x + m * K + k);
+            a0[m] += v0 * xv;
+            a1[m] += v1 * xv;
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float s0 = hsum(a0[m]), s1 = hsum(a1[m]);
+        for (int64_t j = k; j < K; j++) {
+            s0 += w0[j] * x[m * K + j];
+            s1 += w1[j] * x[m * K + j];
+        }
+        y[m * N + n0] = s0;
+        y[m * N + n0 + 1] = s1;
+    }
+}
+
+int skinny_linear(const float *restrict x, const float *restrict w, float *restrict y,
+                  int64_t M, int64_t N, int64_t K) {
+    if (M < 1 || M > MAX_SKINNY || N % 2) return -1;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n0 = 0; n0 < N; n0 += 2) {
+        switch (M) {  /* constant M: the loops over rows unroll, accumulators stay in registers */
+            case 1: skinny_rows(x, w, y, n0, N, K, 1); break;
+            case 2: skinny_rows(x, w, y, n0, N, K, 2); break;
+            case 3: skinny_rows(x, w, y, n0, N, K, 3); break;
+            case 4: skinny_rows(x, w, y, n0, N, K, 4); break;
+            default: skinny_rows(x, w, y, n0, N, K, M); break;
+        }
     }
     return 0;
 }
