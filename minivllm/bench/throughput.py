@@ -73,14 +73,10 @@ def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
         core.add_request(EngineCoreRequest(f"{tag}-{i}", prompt, params))
     while any(r.num_output_tokens < WARMUP_STEPS for r in core.scheduler.requests.values()):
         core.step()  # prefill, then a few untimed decode steps
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        core.step()
-        times.append(time.perf_counter() - start)
+    step_time = median_time(core.step, steps)
     while core.has_unfinished_requests():
         core.step()
-    return batch / statistics.median(times)
+    return batch / step_time
 
 
 def model_decode(core: EngineCore, batch: int, steps: int) -> float:
