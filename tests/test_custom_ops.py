@@ -17,9 +17,8 @@ from minivllm.model.loader import load_config, load_weights
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler")
 
 
-@pytest.fixture
-def torch_ops(monkeypatch):
-    """Inside a test: custom_ops runs its torch versions."""
+def _switch_to_torch_ops(monkeypatch):
+    """From here on in the test, custom_ops runs its torch versions."""
     monkeypatch.setattr(csrc_build, "load", lambda: None)
 
 
@@ -111,7 +110,7 @@ def _rope_case(seed, head_dim):
 def test_rope_and_cache_matches_torch(monkeypatch, head_dim):
     c_args, torch_args = _rope_case(1, head_dim), _rope_case(1, head_dim)
     custom_ops.rope_and_cache(*c_args)
-    monkeypatch.setattr(csrc_build, "load", lambda: None)
+    _switch_to_torch_ops(monkeypatch)
     custom_ops.rope_and_cache(*torch_args)
     torch.testing.assert_close(c_args[0], torch_args[0])  # q and k rotated in place, v as is
     torch.testing.assert_close(c_args[-2], torch_args[-2])  # the same cache
@@ -142,7 +141,7 @@ def test_model_logits_are_the_same_with_c_and_torch_ops(tmp_path, monkeypatch):
                                                       cache, meta))
 
     with_c = run()
-    monkeypatch.setattr(csrc_build, "load", lambda: None)
+    _switch_to_torch_ops(monkeypatch)
     torch.testing.assert_close(with_c, run(), atol=1e-4, rtol=1e-4)
 
 

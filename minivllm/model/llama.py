@@ -64,6 +64,7 @@ class Linear:
 
     def __init__(self, w: torch.Tensor, parts: int):
         self.split = split_rows(w, parts)
+        self.weight = self.split.view(-1, self.split.shape[-1])  # (out, in), the same storage
         self.packed = onednn_pack(w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,7 @@ class Linear:
         # oneDNN at 44 (with avx512_bf16)
         if self.packed is not None and (x.shape[0] >= SKINNY_BELOW or x.dtype != torch.float32):
             return onednn_linear(x, self.packed)
-        y = custom_ops.skinny_linear(x, self.split.view(-1, self.split.shape[-1]))
+        y = custom_ops.skinny_linear(x, self.weight)
         return matmul(x, self.split) if y is None else y
 
 
@@ -162,7 +163,7 @@ class LlamaModel:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
             return self.embed_tokens[input_ids]
-        return self.lm_head.split.view(-1, self.config.hidden_size)[input_ids]
+        return self.lm_head.weight[input_ids]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -199,7 +200,7 @@ class LlamaModel:
         return self.compute_logits(hidden)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
-        """Per layer (2, kv heads, blocks, block_size * head_dim): see attention.py."""
+        """Per layer (2, kv heads, blocks, block_size * head_dim): see kv_layout.py."""
         c = self.config
         shape = (2, c.num_kv_heads, num_blocks, block_size * c.head_dim)
         return [torch.zeros(shape, dtype=self.dtype) for _ in range(c.num_layers)]

@@ -20,6 +20,7 @@
 #define MAX_G 8
 #define MAX_D 256
 #define MAX_BS 64
+#define LINE_FLOATS 16  /* floats in a 64-byte cache line: the prefetch stride */
 
 /* RoPE on the q and k heads of each token's qkv row, in place, then k and v into the cache
  * (vLLM: rotary_embedding, vllm/_custom_ops.py:212, and reshape_and_cache, :2589).
@@ -226,8 +227,6 @@ static inline __attribute__((always_inline)) void attend(
     for (int g = 0; g < G; g++) memcpy(out + g * D, acc[g], sizeof(float) * D);
 }
 
-/* 0: done; -1: a shape past the limits above (the caller falls back to torch); -2: no memory;
-   -3: a sequence longer than its block table */
 /* Decode attention over the paged KV cache: one query token per sequence. Plain torch must
  * gather every sequence's blocks into a dense copy before its matmuls can read them; this reads
  * the blocks where they lie, once, through the block table.
@@ -238,7 +237,9 @@ static inline __attribute__((always_inline)) void attend(
  *   v_blocks (KVH, NB, BS, D)
  *   tables   (n, max_blocks)  int64 block ids;  lens (n,) int64 tokens in each sequence
  *   out      (n, H, D)
- * Work item = (sequence, kv head): its G query heads share every key and value read. */
+ * Work item = (sequence, kv head): its G query heads share every key and value read.
+ * Returns 0: done; -1: a shape past MAX_G, MAX_D, MAX_BS (the caller falls back to torch);
+ * -2: no memory; -3: a sequence longer than its block table. */
 int paged_decode(const float *restrict q, int64_t q_stride, const float *restrict k_blocks,
                  const float *restrict v_blocks, const int64_t *restrict tables,
                  const int64_t *restrict lens, float *restrict out, int64_t n, int64_t H,
@@ -264,7 +265,7 @@ int paged_decode(const float *restrict q, int64_t q_stride, const float *restric
                 const int64_t s1 = (item + 1) / KVH, h1 = (item + 1) % KVH;
                 for (int64_t j = 0; j < (lens[s1] + BS - 1) / BS; j++) {
                     const int64_t at = (h1 * NB + tables[s1 * max_blocks + j]) * BS * D;
-                    for (int64_t c = 0; c < BS * D; c += 16) {
+                    for (int64_t c = 0; c < BS * D; c += LINE_FLOATS) {
                         __builtin_prefetch(k_blocks + at + c, 0, 1);
                         __builtin_prefetch(v_blocks + at + c, 0, 1);
                     }
