@@ -82,7 +82,8 @@ class Tokenizer:
             tok = cfg.get(key)
             tok = tok.get("content") if isinstance(tok, dict) else tok
             return backend.token_to_id(tok) if tok else None
-        return cls(backend, cfg.get("chat_template"), token_id("bos_token"), token_id("eos_token"))
+        return cls(backend, _hf_chat_template(path, cfg), token_id("bos_token"),
+                   token_id("eos_token"))
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
@@ -115,6 +116,24 @@ class Tokenizer:
                "eos_token": tok(self.eos_token_id) if self.eos_token_id is not None else None}
         with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves the template
+
+
+def _hf_chat_template(path: str, cfg: dict[str, Any]) -> str | None:
+    """The template as transformers loads it: chat_template.jinja when the folder has one (what
+    transformers 5 writes, leaving tokenizer_config.json without a template), else the config's
+    `chat_template`: a string, or a list of named templates (then the one named "default")."""
+    file = os.path.join(path, CHAT_TEMPLATE_FILE)
+    if os.path.exists(file):
+        with open(file, encoding="utf-8") as f:
+            return f.read()
+    template = cfg.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default")
+    return template
 
 
 def _raise(message: str) -> None:

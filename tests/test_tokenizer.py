@@ -62,3 +62,38 @@ def test_stop_string_across_tokens(tok):
             break
     assert stop == "is Par" and detok.output_text == "The capital of France "
     assert tok.decode(ids[:hit + 1]).endswith("Paris")  # found on the token that completed it
+
+
+def _save_with_transformers(path):
+    """The tiny model's folder with its tokenizer saved by transformers itself, as a checkpoint
+    downloaded today is: transformers 5 puts the template in chat_template.jinja."""
+    import os
+
+    from tiny_model import CHAT_TEMPLATE, make_tiny_model_dir, tiny_tokenizer
+    from transformers import PreTrainedTokenizerFast
+    make_tiny_model_dir(path)
+    os.remove(os.path.join(path, "tokenizer_config.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(), bos_token="<|im_start|>",
+                                 eos_token="<|im_end|>")
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(path)
+    return hf
+
+
+def test_chat_template_from_a_folder_saved_by_transformers(tmp_path):
+    hf = _save_with_transformers(str(tmp_path))
+    messages = [{"role": "user", "content": "hi"}]
+    expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    tok = Tokenizer.from_path(str(tmp_path))
+    assert tok.apply_chat_template(messages) == expected
+    assert tok.eos_token_id == hf.eos_token_id
+
+
+def test_chat_on_a_folder_saved_by_transformers(tmp_path):
+    from minivllm import LLM
+    from minivllm.sampling_params import SamplingParams
+    _save_with_transformers(str(tmp_path))
+    out = LLM(str(tmp_path)).chat([{"role": "user", "content": "hi"}],
+                                  SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)[0]
+    assert out.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert len(out.outputs[0].token_ids) >= 1
