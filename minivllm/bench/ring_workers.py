@@ -11,9 +11,7 @@ which every process on the machine shares, so receive time minus send time is a 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +19,7 @@ import zmq
 
 from minivllm.distributed.shm_broadcast import MessageQueue
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.utils.resource_names import ipc_path
 
 READY_TIMEOUT_S = 60.0  # readers attach within this, or the benchmark stops with an error
 RECV_TIMEOUT_S = 60.0
@@ -40,7 +39,7 @@ def pubsub_writer(n_reader: int) -> tuple[zmq.Context, zmq.Socket, str]:
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)
     sock.setsockopt(zmq.SNDHWM, 0)  # PUB drops at the high-water mark; the benchmark must not
-    path = f"{tempfile.gettempdir()}/minivllm-bench-{uuid.uuid4().hex[:12]}"
+    path = ipc_path("bench")
     sock.bind(f"ipc://{path}")
     return ctx, sock, path
 

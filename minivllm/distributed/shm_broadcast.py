@@ -15,9 +15,7 @@ local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broa
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +26,7 @@ from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.utils.resource_names import ipc_address
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
 # WRITER_MAX_SLEEP_S. A full ring means the readers are behind: a sleeping writer gives them
@@ -54,11 +53,6 @@ class Handle:
     local_notify_addr: str | None = None
     remote_subscribe_addr: str | None = None
     busy_loop_s: float = BUSY_LOOP_S
-
-
-def ipc_address(tag: str) -> str:
-    """A fresh ipc:// endpoint in the temp dir; libzmq unlinks the file when the binder closes."""
-    return f"ipc://{tempfile.gettempdir()}/minivllm-{tag}-{uuid.uuid4().hex[:12]}"
 
 
 class MessageQueue:

@@ -13,6 +13,8 @@ import weakref
 from typing import Any, Callable
 from multiprocessing import resource_tracker, shared_memory
 
+from minivllm.utils.resource_names import shm_name
+
 SHM_DIR = "/dev/shm"
 MIB = 1 << 20
 NOT_READY = object()  # write(): the chunk is not free yet; read(): nothing new in it yet
@@ -93,7 +95,8 @@ class ShmRingBuffer:
         self.is_creator = name is None
         if self.is_creator:
             check_shm_free_space(self.total_bytes)
-            self.shared_memory = shared_memory.SharedMemory(create=True, size=self.total_bytes)
+            self.shared_memory = shared_memory.SharedMemory(
+                name=shm_name("ring"), create=True, size=self.total_bytes)
             self.shared_memory.buf[self.metadata_offset:self.total_bytes] = bytes(
                 self.total_bytes - self.metadata_offset)
         else:

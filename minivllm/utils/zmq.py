@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import weakref
 from typing import Any
 
 import psutil
 import zmq
+
+from minivllm.utils.resource_names import private_dir
 
 # vLLM gives each socket 0.5 GiB of kernel buffer on big machines and leaves the system
 # default elsewhere, so that a small host does not pin gigabytes in socket buffers.
@@ -116,10 +117,9 @@ class IpcDir:
             sock = make_zmq_socket(ctx, d.path("input"), zmq.ROUTER)
     """
 
-    def __init__(self, prefix: str = "minivllm-zmq-"):
-        # mkdtemp creates the directory with mode 0700; short prefix because an ipc path
-        # must fit in sun_path (107 bytes).
-        self.dir = tempfile.mkdtemp(prefix=prefix)
+    def __init__(self, tag: str = "zmq"):
+        # mode 0700; short tag because an ipc path must fit in sun_path (107 bytes).
+        self.dir = private_dir(tag)
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
 
     def path(self, name: str) -> str:
