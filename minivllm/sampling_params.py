@@ -5,6 +5,11 @@ from __future__ import annotations
 import msgspec
 
 
+# A seed is a 64-bit integer, as vLLM's OpenAI API takes it
+# (vllm/entrypoints/openai/completion/protocol.py:67); any other negative value is a seed too.
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+
+
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     temperature: float = 1.0
     top_p: float = 1.0
@@ -24,3 +29,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
             raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None:
+            if type(self.seed) is not int or not SEED_MIN <= self.seed <= SEED_MAX:
+                raise ValueError(f"seed must be an integer in [-2**63, 2**63 - 1], got "
+                                 f"{self.seed!r}; -1 or None for an unseeded request")
+            if self.seed == -1:  # vLLM's "no seed" (vllm/sampling_params.py:570)
+                self.seed = None

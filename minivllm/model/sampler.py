@@ -20,7 +20,8 @@ SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one gen
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            top_k: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """logits (B, V) float32 -> token ids (B,) int64. seeds -1 means unseeded."""
+    """logits (B, V) float32 -> token ids (B,) int64. seeds -1 means unseeded (SamplingParams
+    turns a seed of -1 into None, so no seeded request reaches here as -1)."""
     greedy = custom_ops.argmax(logits)
     random_rows = (temperature >= GREEDY_BELOW).nonzero().flatten()
     if random_rows.numel() == 0:
@@ -29,8 +30,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     probs, order = _top_k_top_p(rows, top_k[random_rows], top_p[random_rows])
     noise = torch.empty_like(probs).exponential_()
     for j, i in enumerate(random_rows.tolist()):
-        if seeds[i] >= 0:
-            g = torch.Generator().manual_seed(int(seeds[i]) * SEED_STRIDE + int(steps[i]))
+        if seeds[i] != -1:  # any 64-bit seed, mixed with the step into manual_seed's range
+            mixed = (int(seeds[i]) * SEED_STRIDE + int(steps[i])) % 2**64
+            g = torch.Generator().manual_seed(mixed)
             noise[j].exponential_(generator=g)
     picked = (probs / noise).argmax(dim=-1)
     greedy[random_rows] = order.gather(1, picked[:, None]).squeeze(1)
