@@ -70,9 +70,10 @@ class OutputProcessor:
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
                 completion.text = state.detokenizer.output_text
-                if stop is not None and finish_reason is None:
+                if stop is not None:  # wins over "length" when it ends on the last token
+                    if finish_reason is None:  # vLLM: v1/engine/output_processor.py:828
+                        to_abort.append(out.request_id)
                     finish_reason, stop_reason = FinishReason.STOP, stop
-                    to_abort.append(out.request_id)
             state.output.num_cached_tokens = out.num_cached_tokens
             if finish_reason is not None:
                 completion.finish_reason, completion.stop_reason = str(finish_reason), stop_reason
