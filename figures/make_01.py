@@ -3,10 +3,8 @@
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
 
 OUT = Path(__file__).resolve().parent / "01_processes.png"
 
@@ -43,4 +41,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
     main()

@@ -6,11 +6,9 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from minivllm.bench import ipc  # noqa: E402
+from minivllm.bench import ipc
 
 HERE = Path(__file__).resolve().parent
 ROWS = [  # transport, steps of one byte's journey
@@ -49,4 +47,5 @@ def main(quick: bool = True) -> None:
 
 
 if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
     main(quick="--full" not in sys.argv)

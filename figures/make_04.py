@@ -8,10 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,4 +38,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
     main()

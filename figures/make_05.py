@@ -16,12 +16,10 @@ import types
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-from minivllm.judge import exercise  # noqa: E402
+from minivllm.judge import exercise
 
 HERE = Path(__file__).resolve().parent
 WRONG_ORDER = "written flag set before the read flags are cleared"
@@ -153,6 +151,7 @@ def draw_layout(path: Path | None = None, n_reader: int = 2, n_chunks: int = 4):
 
 
 if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
     draw_layout(HERE / "05_ring_layout.png")
     draw_schedule(breaking_schedule(), HERE / "05_flag_order_schedule.png")
     print("wrote", HERE / "05_ring_layout.png", "and", HERE / "05_flag_order_schedule.png")

@@ -6,10 +6,8 @@
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 OUT = Path(__file__).with_name("06_cuda_ipc.png")
 
@@ -59,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
     main()

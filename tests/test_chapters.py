@@ -1,33 +1,89 @@
-"""Every chapter runs top to bottom in a fresh kernel, in quick mode, and is committed clean."""
+"""Every chapter is a jupytext pair (NN_topic.ipynb + NN_topic.md) in sync, committed without
+outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn."""
 
-import os
+import difflib
+import re
 from pathlib import Path
 
+import jupytext
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+CHAPTER_DIR = ROOT / "chapters"
+CHAPTERS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.ipynb"))
+TEXTS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.md"))
 CELL_TIMEOUT_S = 180  # one cell in quick mode; a hang fails the chapter instead of CI
+# A cell that draws: it calls pyplot or displays a PNG. It must leave an image in its outputs.
+PLOTS = re.compile(r"\bplt\.\w+\(|display\(Image\(")
+KEPT_METADATA = ("tags",)  # cell metadata that changes how a cell runs; the rest is editor state
 
 
 def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
+def cell_key(cell) -> tuple:
+    meta = {k: cell.metadata[k] for k in KEPT_METADATA if k in cell.metadata}
+    return cell.cell_type, cell.source.strip(), repr(sorted(meta.items()))
+
+
+def pair_difference(ipynb: Path, text: Path) -> str:
+    """'' when the two files hold the same cells; otherwise the first difference, in words."""
+    nb = nbformat.read(ipynb, 4)
+    if nb.metadata.get("kernelspec", {}).get("name") != "python3":
+        return f"{ipynb.name} names no python3 kernel: start {text.name} with the header in chapters/README.md"
+    a, b = nb.cells, jupytext.read(text).cells
+    for i, (x, y) in enumerate(zip(a, b)):
+        if cell_key(x) != cell_key(y):
+            sides = (f"{k[0]} {k[2]}\n{k[1]}".splitlines() for k in (cell_key(x), cell_key(y)))
+            lines = difflib.unified_diff(*sides, ipynb.name, text.name, lineterm="", n=1)
+            return f"cell {i} differs:\n" + "\n".join(list(lines)[:30])
+    if len(a) != len(b):
+        return f"{ipynb.name} has {len(a)} cells, {text.name} has {len(b)}"
+    return ""
+
+
+def test_every_chapter_is_a_pair():
+    stems = {p.stem for p in CHAPTERS} ^ {p.stem for p in TEXTS}
+    assert CHAPTERS and not stems, (
+        f"unpaired chapter files {sorted(stems)}: run `.venv/bin/jupytext --sync chapters/NN_topic.md` "
+        "(or .ipynb) to create the other half (see chapters/README.md)")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_pair_in_sync(path):
+    text = path.with_suffix(".md")
+    if not text.exists():
+        pytest.skip("unpaired: test_every_chapter_is_a_pair says so")
+    diff = pair_difference(path, text)
+    assert not diff, f"{diff}\nthe pair is out of sync: run `.venv/bin/jupytext --sync {path.relative_to(ROOT)}`"
+
+
 def test_chapters_are_committed_without_outputs():
     dirty = [p.name for p in CHAPTERS
              if any(c.get("outputs") or c.get("execution_count") for c in code_cells(nbformat.read(p, 4)))]
-    assert not dirty, f"clear the outputs before committing: {dirty}"
+    assert not dirty, (f"clear the outputs before committing: {dirty} "
+                       "(`.venv/bin/jupyter nbconvert --clear-output --inplace chapters/NN_topic.ipynb`)")
+
+
+def silent_plots(nb) -> list[str]:
+    """The first line of each plotting cell that left no image in its outputs."""
+    return [c.source.strip().splitlines()[0] for c in code_cells(nb) if PLOTS.search(c.source)
+            and not any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_runs(path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_QUICK", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # The kernel draws with Jupyter's inline backend, as a reader's does: a figures module that
+    # switched the backend (to Agg) would leave the plotting cells without an image.
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     nb = nbformat.read(path, 4)
     # Cells tagged `raises-exception` are meant to fail; nbclient lets them and stops on others.
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
+    silent = silent_plots(nb)
+    assert not silent, f"these plotting cells drew no image: {silent}"
