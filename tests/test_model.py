@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from tiny_model import make_tiny_model_dir
 
 from minivllm.model.attention import AttentionMetadata, PrefillChunk
-from minivllm.model.llama import SKINNY_BELOW, LlamaModel, fold_norm, matmul, split_rows
+from minivllm.model.linear import SKINNY_BELOW, matmul, split_rows
+from minivllm.model.llama import LlamaModel, fold_norm
 from minivllm.model.loader import load_config, load_weights, unpermute_rope_rows
 from minivllm.model.sampler import sample
 

@@ -41,8 +41,9 @@ def tiny_tokenizer(vocab_size: int = 384) -> HFTokenizer:
 
 
 def tiny_config(vocab_size: int, eos_token_id: int) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+    # 6 heads, 3 KV heads and an MLP of 192: tensor parallelism can split it 3 ways
+    return ModelConfig(vocab_size=vocab_size, hidden_size=96, intermediate_size=192,
+                       num_layers=2, num_heads=6, num_kv_heads=3, head_dim=16,
                        rms_norm_eps=1e-5, rope_theta=10000.0, max_position=1024,
                        tie_word_embeddings=True, bos_token_id=1, eos_token_id=eos_token_id)
 

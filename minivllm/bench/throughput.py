@@ -24,7 +24,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model.attention import AttentionMetadata
-from minivllm.model.llama import onednn_linear, onednn_pack
+from minivllm.model.linear import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts

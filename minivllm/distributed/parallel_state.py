@@ -1,0 +1,86 @@
+"""The tensor-parallel group: which rank this process is, and the two collectives the model uses.
+
+With one rank (the in-process engine, the model tests) nothing is initialized and every
+collective returns its input: the model code is the same at TP=1 and TP=N. With N ranks each
+worker process calls init_distributed_environment() once; torch.distributed then all-reduces
+over gloo on CPU and over nccl on CUDA. vLLM keeps the same global group
+(vllm/distributed/parallel_state.py: get_tp_group, tensor_model_parallel_all_reduce in
+vllm/distributed/communication_op.py:12), but on CPU it all-reduces through its own
+shared-memory kernel first and uses gloo only as the fallback
+(vllm/distributed/device_communicators/cpu_communicator.py:32-50 picks _CPUSHMDistributed,
+:228; all_reduce at :84).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# A collective that waits this long for a peer means the peer is gone or stuck: gloo raises
+# instead of hanging for its default 30 minutes (the executor sees the dead peer sooner).
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+@dataclass
+class TPGroup:
+    rank: int = 0
+    world_size: int = 1
+    comm_s: float = 0.0  # seconds spent in collectives since the last reset (for the breakdown)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the ranks, in place; x itself at TP=1."""
+        if self.world_size == 1:
+            return x
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        self.comm_s += time.perf_counter() - start
+        return x
+
+    def gather(self, x: torch.Tensor, dst: int = 0) -> torch.Tensor | None:
+        """Concatenate every rank's x along the last dim on rank dst; None on the others."""
+        if self.world_size == 1:
+            return x
+        start = time.perf_counter()
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == dst else None
+        dist.gather(x, parts, dst=dst)
+        self.comm_s += time.perf_counter() - start
+        return torch.cat(parts, dim=-1) if parts is not None else None
+
+
+_TP = TPGroup()
+
+
+def get_tp_group() -> TPGroup:
+    return _TP
+
+
+def get_open_port() -> int:
+    """A free TCP port on 127.0.0.1 for the group's rendezvous (vLLM: vllm/utils/network_utils.py:192)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed_environment(rank: int, world_size: int, init_method: str,
+                                 backend: str | None = None) -> TPGroup:
+    """Join the group of world_size ranks (rank 0 hosts the rendezvous at init_method)."""
+    global _TP
+    if world_size > 1:
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    _TP = TPGroup(rank, world_size)
+    return _TP
+
+
+def destroy_distributed_environment() -> None:
+    global _TP
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _TP = TPGroup()
