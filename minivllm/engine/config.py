@@ -32,9 +32,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     num_threads: int | None = None  # torch threads in the worker; None: torch's default
+    data_parallel_size: int = 1  # engine core processes, each with the whole model
     model_config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.model is None:
