@@ -193,11 +193,11 @@ def test_children_exit_by_themselves_when_their_parent_is_killed(method):
 def test_process_count_matches_the_vllm_docs_examples():
     tp4 = serve_process_count(tp=4)  # `vllm serve -tp=4`: 1 + 1 + 4
     assert (tp4.api_servers, tp4.engine_cores, tp4.workers, tp4.total) == (1, 1, 4, 6)
-    big = serve_process_count(tp=2, dp=4)  # `vllm serve -tp=2 -dp=4`: 4 + 4 + 8 + 1
-    assert (big.api_servers, big.engine_cores, big.workers, big.dp_coordinator) == (4, 4, 8, 1)
-    assert big.total == 17
+    big = serve_process_count(tp=2, dp=4)  # `vllm serve -tp=2 -dp=4`: 1 launcher + 4 + 4 + 8 + 1
+    assert (big.launcher, big.api_servers, big.engine_cores, big.workers, big.dp_coordinator) == (1, 4, 4, 8, 1)
+    assert big.total == 18
     assert serve_process_count().total == 2  # TP=1: the worker lives in the engine core
     assert serve_process_count(tp=2, dp=2, api_server_count=1).total == 1 + 2 + 4 + 1
-    assert "17 processes" in big.describe()
+    assert "18 processes" in big.describe()
     with pytest.raises(ValueError):
         serve_process_count(tp=0)

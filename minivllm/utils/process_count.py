@@ -1,10 +1,19 @@
-"""How many processes `serve` starts, by vLLM's rules (and minivllm's, which are the same).
+"""How many processes `vllm serve` starts on one node, by its code in vLLM 0.33.0.
 
-vLLM 0.33.0 docs/design/arch_overview.md, "Process Count Summary": A API servers (default DP,
-vllm/entrypoints/cli/serve.py:124-125), DP engine cores, DP x PP x TP workers, and one DP
-coordinator when DP > 1 (vllm/config/vllm.py:873). One refinement the table leaves out: when
-TP x PP == 1 the executor is "uni" (vllm/config/parallel.py:1098-1099), and the single worker
-is an object inside the engine core process, not a process of its own.
+- API servers: `--api-server-count`, by default the DP size (vllm/entrypoints/cli/serve.py:124-125).
+- The launcher: with more than one API server, the CLI process does not serve HTTP itself; it
+  spawns the API servers and engine cores and stays alive to watch them (serve.py:151-152 calls
+  run_multi_api_server, :269-390). With one API server, the CLI process *is* the API server.
+- One engine core per DP rank.
+- DP x PP x TP workers, except when TP x PP == 1: then the executor is "uni"
+  (vllm/config/parallel.py:1098-1099) and the worker is an object inside the engine core.
+- One DP coordinator when DP > 1 (vllm/config/vllm.py:873, needs_dp_coordinator, for the
+  default internal load balancing).
+
+vLLM's docs (docs/design/arch_overview.md, "Process Count Summary") count differently: they leave
+out the launcher (so `-tp=2 -dp=4` is 17 there, 18 here), and their workers term, DP x TP,
+counts a worker process at TP = 1 that the uni executor does not start (one too many per DP rank).
+Python's own helper processes (multiprocessing's resource tracker) are not counted.
 """
 
 from __future__ import annotations
@@ -18,18 +27,18 @@ class ProcessCount:
     engine_cores: int
     workers: int  # worker processes; 0 when each engine core holds its worker in-process
     dp_coordinator: int
+    launcher: int  # 1 when the CLI process stays as the parent of several API servers
 
     @property
     def total(self) -> int:
-        return self.api_servers + self.engine_cores + self.workers + self.dp_coordinator
+        return self.launcher + self.api_servers + self.engine_cores + self.workers + self.dp_coordinator
 
     def describe(self) -> str:
-        parts = [f"{self.api_servers} API server{'s' * (self.api_servers != 1)}",
-                 f"{self.engine_cores} engine core{'s' * (self.engine_cores != 1)}"]
-        if self.workers:
-            parts.append(f"{self.workers} worker{'s' * (self.workers != 1)}")
-        else:
-            parts.append("the worker inside each engine core")
+        def n(count: int, noun: str) -> str:
+            return f"{count} {noun}{'s' * (count != 1)}"
+        parts = ["1 launcher"] if self.launcher else []
+        parts += [n(self.api_servers, "API server"), n(self.engine_cores, "engine core")]
+        parts.append(n(self.workers, "worker") if self.workers else "the worker inside each engine core")
         if self.dp_coordinator:
             parts.append("1 DP coordinator")
         return " + ".join(parts) + f" = {self.total} processes"
@@ -48,4 +57,5 @@ def serve_process_count(tp: int = 1, dp: int = 1, pp: int = 1,
     world = tp * pp  # the workers of one engine core
     return ProcessCount(api_servers=api, engine_cores=dp,
                         workers=dp * world if world > 1 else 0,
-                        dp_coordinator=1 if dp > 1 else 0)
+                        dp_coordinator=1 if dp > 1 else 0,
+                        launcher=1 if api > 1 else 0)
