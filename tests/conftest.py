@@ -1,23 +1,49 @@
 """Shared fixtures. `no_leaks` runs around every test: a test that leaves a child process,
-a /dev/shm segment or an ipc socket file behind fails, and the leftovers are removed."""
+a /dev/shm segment or an ipc socket file behind fails, and the leftovers are removed.
 
+Each test gets its own resource prefix (MINIVLLM_RESOURCE_PREFIX) and its own TMPDIR, so the
+check blames only what the test made, never what another program made meanwhile."""
+
+import itertools
 import multiprocessing.resource_tracker
 import os
+import shutil
+import tempfile
+import warnings
 
 import pytest
 
-from minivllm.utils.leaks import Snapshot
+from minivllm.utils.leaks import Snapshot, become_subreaper
+from minivllm.utils.resource_names import PREFIX_ENV, name_default_segments
 
 os.environ.setdefault("MINIVLLM_QUICK", "1")
 # Python's resource tracker is started lazily by the first spawn or SharedMemory and then lives
 # as long as pytest; start it now so that it is part of every test's "before".
 multiprocessing.resource_tracker.ensure_running()
+become_subreaper()  # a test's process that double-forks comes back to pytest, to be found
+name_default_segments()  # SharedMemory(create=True) without a name gets the test's prefix
+_test_ids = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _basetemp(tmp_path_factory):
+    """Fix pytest's tmp_path root in the real temp dir, before any test's private TMPDIR."""
+    tmp_path_factory.getbasetemp()
 
 
 @pytest.fixture(autouse=True)
-def no_leaks():
-    before = Snapshot()
+def no_leaks(monkeypatch):
+    prefix = f"minivllm-t{os.getpid()}x{next(_test_ids)}"
+    private = tempfile.mkdtemp(prefix=prefix + "-tmp-")
+    monkeypatch.setenv(PREFIX_ENV, prefix)
+    monkeypatch.setenv("TMPDIR", private)
+    monkeypatch.setattr(tempfile, "tempdir", private)
+    before = Snapshot(prefix, private_dirs=[private],
+                      socket_roots=[(os.path.dirname(private), 1)])
     yield
     leaks = before.leaks()
+    shutil.rmtree(private, ignore_errors=True)
+    if leaks.others:
+        warnings.warn(leaks.warning())
     if leaks:
         pytest.fail("the test left resources behind:\n" + leaks.describe(), pytrace=False)

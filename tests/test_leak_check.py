@@ -1,30 +1,55 @@
-"""The leak check itself must catch each kind of leak, or no other test's cleanliness is proven."""
+"""The leak check itself must catch each kind of leak, or no other test's cleanliness is proven;
+and it must never blame, or delete, what another program made meanwhile."""
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import tempfile
 from multiprocessing import shared_memory
 
+import psutil
+
 from minivllm.utils.leaks import Snapshot
+from minivllm.utils.resource_names import ipc_path, resource_prefix, shm_name
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _foreign_name() -> str:
+    return f"another-program-{secrets.token_hex(6)}"  # no test prefix: not ours by name
 
 
 def test_catches_a_child_process():
     snap = Snapshot()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen(SLEEPER)
     leaks = snap.leaks(settle=0.2)
     proc.wait(timeout=5)
     assert any(str(proc.pid) in p for p in leaks.processes)
 
 
-def test_catches_a_shm_segment():
+def test_catches_a_process_that_double_forked_and_called_setsid():
+    # The middle process exits at once; the grandchild re-parents to pytest (a subreaper).
+    code = ("import os, subprocess, sys; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            "start_new_session=True, env={}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
     snap = Snapshot()
-    shm = shared_memory.SharedMemory(create=True, size=4096)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    grandchild = int(out.stdout)
+    leaks = snap.leaks(settle=0.2)
+    assert any(f"pid {grandchild} " in p for p in leaks.processes), leaks.processes
+    assert not psutil.pid_exists(grandchild)  # killed and reaped
+
+
+def test_catches_a_shm_segment_named_with_the_prefix():
+    snap = Snapshot()
+    shm = shared_memory.SharedMemory(create=True, size=4096)  # conftest: default names carry it
     name = shm.name.lstrip("/")
+    assert name.startswith(resource_prefix() + "-")
     shm.close()
     leaks = snap.leaks(settle=0)
-    assert leaks.segments == [name]
+    assert leaks.segments == [name] and not leaks.others
     assert not os.path.exists(f"/dev/shm/{name}")
     try:
         shm.unlink()  # already removed by the leak check; keep the resource tracker quiet
@@ -32,8 +57,23 @@ def test_catches_a_shm_segment():
         pass
 
 
-def test_catches_an_ipc_socket_file():
+def test_catches_an_unprefixed_segment_a_child_still_maps():
+    name = _foreign_name()
+    code = (f"from multiprocessing import shared_memory as s, resource_tracker as r; import time;"
+            f"m = s.SharedMemory(name={name!r}, create=True, size=4096);"
+            f"r.unregister(m._name, 'shared_memory'); print('ok', flush=True); time.sleep(60)")
     snap = Snapshot()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ok"
+    leaks = snap.leaks(settle=0.2)
+    proc.wait(timeout=5)
+    proc.stdout.close()
+    assert leaks.segments == [name], leaks
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_catches_an_ipc_socket_file():
+    snap = Snapshot(private_dirs=[tempfile.gettempdir()])  # conftest: TMPDIR is the test's own
     path = os.path.join(tempfile.mkdtemp(), "leaky.sock")
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(path)
@@ -44,7 +84,43 @@ def test_catches_an_ipc_socket_file():
     os.rmdir(os.path.dirname(path))
 
 
+def test_catches_a_prefixed_socket_outside_the_private_dir():
+    root = os.path.dirname(tempfile.gettempdir())  # the machine's /tmp, shared with others
+    path = os.path.join(root, os.path.basename(ipc_path("leak")))
+    snap = Snapshot(socket_roots=[(root, 1)])
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.close()
+    leaks = snap.leaks(settle=0)
+    assert leaks.sockets == [path] and not os.path.exists(path)
+
+
+def test_what_another_program_made_is_a_warning_and_is_kept():
+    root = os.path.dirname(tempfile.gettempdir())
+    snap = Snapshot(socket_roots=[(root, 1)])
+    name = _foreign_name()
+    shm = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    shm.close()  # unmapped, unprefixed: nothing ties it to this test
+    path = os.path.join(root, "minivllm-" + _foreign_name())
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    sock.close()
+    try:
+        leaks = snap.leaks(settle=0)
+        assert not leaks, leaks.describe()
+        assert f"/dev/shm/{name}" in leaks.others and path in leaks.others
+        assert os.path.exists(f"/dev/shm/{name}") and os.path.exists(path)
+    finally:
+        shm.unlink()
+        os.unlink(path)
+
+
 def test_clean_code_reports_nothing():
     snap = Snapshot()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     assert not snap.leaks(settle=0)
+
+
+def test_names_carry_the_prefix():
+    assert shm_name("ring").startswith(resource_prefix() + "-ring-")
+    assert ipc_path("mq").startswith(os.path.join(tempfile.gettempdir(), resource_prefix() + "-mq-"))

@@ -1,12 +1,21 @@
-"""Find what a piece of code left behind: child processes, /dev/shm segments, ipc socket files.
+"""Find what a piece of code left behind: processes, /dev/shm segments, ipc socket files.
 
 The test suite's leak fixture and the judge both take a `Snapshot` before running code and
-compare after. Everything found is reported and then cleaned up, so one leak does not
-poison the next test.
+compare after. They blame only what the code under test made, because other programs on the
+machine (a second test run, a notebook) create segments and sockets at the same time:
+
+- a process is ours if it descends from this one (the caller is a child subreaper, so even a
+  process that double-forked and called setsid comes back to it);
+- a segment or socket file is ours if its name carries the test's prefix (resource_names), if
+  it lies in the test's private directory, or if a process of ours maps or binds it.
+
+What is ours is reported and removed. Anything else that appeared is only named as a warning,
+and never deleted.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import stat
@@ -16,10 +25,23 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from minivllm.utils.resource_names import has_prefix, resource_prefix
+
 SHM_DIR = "/dev/shm"
 # Files the OS or Python keep in /dev/shm on their own (POSIX semaphores of multiprocessing).
 _SHM_IGNORED_PREFIXES = ("sem.", "lost+found")
-SOCKET_SCAN_DEPTH = 3  # ipc sockets live in private dirs under $TMPDIR; deeper is not ours
+SOCKET_SCAN_DEPTH = 1  # /tmp/x.sock (a hard-coded path); /tmp/dir/ is some program's own
+PRIVATE_SCAN_DEPTH = 8  # inside a private dir everything is ours
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process instead of init (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def shm_segments() -> set[str]:
@@ -31,11 +53,10 @@ def shm_segments() -> set[str]:
 
 
 def ipc_socket_files(root: str | None = None, depth: int = SOCKET_SCAN_DEPTH) -> set[str]:
-    """Unix socket files under root (default: the temp dir, where ipc:// endpoints are made),
-    at most `depth` directories down."""
-    root = root or tempfile.gettempdir()
+    """Unix socket files under root (default: the temp dir), at most `depth` levels down."""
+    root = (root or tempfile.gettempdir()).rstrip("/")
     found: set[str] = set()
-    base_depth = root.rstrip("/").count("/")
+    base_depth = root.count("/")
     for dirpath, dirnames, filenames in os.walk(root):
         if dirpath.count("/") - base_depth >= depth - 1:
             dirnames.clear()
@@ -61,6 +82,7 @@ class Leaks:
     processes: list[str] = field(default_factory=list)
     segments: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)  # appeared, not ours: left alone
 
     def __bool__(self) -> bool:
         return bool(self.processes or self.segments or self.sockets)
@@ -70,6 +92,10 @@ class Leaks:
         lines += [f"shared-memory segment left in /dev/shm: {s}" for s in self.segments]
         lines += [f"ipc socket file left behind: {s}" for s in self.sockets]
         return "\n".join(lines)
+
+    def warning(self) -> str:
+        return ("appeared meanwhile, not made by this code as far as its process tree and names "
+                "tell, so left alone: " + ", ".join(self.others))
 
 
 def describe_process(p: psutil.Process) -> str:
@@ -95,6 +121,15 @@ def kill_processes(procs: list[psutil.Process], grace: float = 1.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+def reap_zombies(pids) -> None:
+    """Collect the exit status of dead children, adopted ones included."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
 def remove_paths(paths) -> None:
     for path in paths:
         try:
@@ -104,47 +139,98 @@ def remove_paths(paths) -> None:
 
 
 class Snapshot:
-    """What exists now; `leaks()` later tells what was added since, and cleans it up."""
+    """What exists now; `leaks()` later tells what this process tree added, and removes it.
 
-    def __init__(self, socket_roots: list[tuple[str | None, int]] = ((None, SOCKET_SCAN_DEPTH),)):
-        self.socket_roots = socket_roots  # (directory, depth) pairs to look for socket files in
+    prefix: names made under it are ours (default: this process's resource prefix).
+    private_dirs: directories only the code under test uses; every socket in them is ours.
+    socket_roots: (directory, depth) pairs where other sockets may appear (default: the temp dir).
+    """
+
+    def __init__(self, prefix: str | None = None, private_dirs: list[str] = (),
+                 socket_roots: list[tuple[str | None, int]] = ((None, SOCKET_SCAN_DEPTH),)):
+        self.prefix = prefix or resource_prefix()
+        self.private_dirs = [d.rstrip("/") for d in private_dirs]
+        self.socket_roots = socket_roots
         self.segments = shm_segments()
-        self.sockets = self._sockets()
+        self.sockets = self._shared_sockets()
         self.children = {p.pid for p in child_processes()}
 
-    def _sockets(self) -> set[str]:
-        return set().union(*(ipc_socket_files(root, depth) for root, depth in self.socket_roots))
+    def _shared_sockets(self) -> set[str]:
+        found = set().union(*(ipc_socket_files(root, depth) for root, depth in self.socket_roots))
+        return {s for s in found if not self._private(s)}
+
+    def _private(self, path: str) -> bool:
+        return any(path.startswith(d + "/") for d in self.private_dirs)
 
     def leaks(self, settle: float = 3.0, extra_processes: list[psutil.Process] = ()) -> Leaks:
         """Wait up to `settle` s for children to exit by themselves, then report and clean."""
         deadline = time.monotonic() + settle
-        procs = [p for p in self._new_children() + list(extra_processes) if _alive(p)]
+        new = self._new_children()
+        procs = _dedupe([p for p in new + list(extra_processes) if _alive(p)])
         while procs and time.monotonic() < deadline:
             time.sleep(0.05)
             procs = [p for p in procs if _alive(p)]
+        # List the files first and the holders second: a file made after the listing is
+        # not looked at, and one made before it by our tree is still held when we look.
+        segments, sockets = shm_segments() - self.segments, self._shared_sockets() - self.sockets
+        private = set().union(*(ipc_socket_files(d, PRIVATE_SCAN_DEPTH)
+                                for d in self.private_dirs if os.path.isdir(d)))
+        held = holdings([os.getpid()] + [p.pid for p in child_processes()])
         found = Leaks(processes=[describe_process(p) for p in procs])
         kill_processes(procs)
-        # Another program (a parallel test run) may own new files: skip what a live
-        # process other than this one still maps or listens on. List the files first and
-        # the holders second, so a file made during the scan is never taken for a leak.
-        segments, sockets = shm_segments() - self.segments, self._sockets() - self.sockets
-        others = _other_processes_holding()
-        new_segments = sorted(s for s in segments if f"{SHM_DIR}/{s}" not in others)
-        new_sockets = sorted(s for s in sockets if s not in others)
-        found.segments, found.sockets = new_segments, new_sockets
-        remove_paths(os.path.join(SHM_DIR, s) for s in new_segments)
-        remove_paths(new_sockets)
+        reap_zombies(p.pid for p in new)
+        ours = lambda path: has_prefix_anywhere(path, self.prefix) or path in held  # noqa: E731
+        found.segments = sorted(s for s in segments if ours(f"{SHM_DIR}/{s}"))
+        found.sockets = sorted(private | {s for s in sockets if ours(s)})
+        found.others = sorted({f"{SHM_DIR}/{s}" for s in segments if s not in found.segments}
+                              | (sockets - set(found.sockets)))
+        remove_paths(os.path.join(SHM_DIR, s) for s in found.segments)
+        remove_paths(found.sockets)
         return found
 
     def _new_children(self) -> list[psutil.Process]:
         return [p for p in child_processes() if p.pid not in self.children]
 
 
-def _socket_inodes(pid: str) -> set[str]:
+def has_prefix_anywhere(path: str, prefix: str) -> bool:
+    """Whether any component of the path was named under prefix (a socket in a prefixed dir)."""
+    return any(has_prefix(part, prefix) for part in path.split("/") if part)
+
+
+def holdings(pids: list[int]) -> set[str]:
+    """Paths of the /dev/shm segments these processes map and the unix sockets they bind."""
+    held: set[str] = set()
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and parts[5].startswith(SHM_DIR + "/"):
+                        held.add(parts[5].strip().removesuffix(" (deleted)"))
+        except OSError:
+            continue
+        inodes |= _socket_inodes(pid)
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[6] in inodes:
+                    held.add(parts[7])
+    except OSError:
+        pass
+    return held
+
+
+def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
     except OSError:
@@ -152,30 +238,13 @@ def _socket_inodes(pid: str) -> set[str]:
     return inodes
 
 
-def _other_processes_holding() -> set[str]:
-    """Paths of shm segments mapped, and unix sockets bound, by processes other than us."""
-    me = str(os.getpid())
-    held: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                held.update(line.split(None, 5)[5].strip() for line in f
-                            if SHM_DIR in line and len(line.split(None, 5)) == 6)
-        except OSError:
-            continue
-    mine = _socket_inodes(me)
-    try:
-        with open("/proc/net/unix") as f:
-            next(f)
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 8 and parts[6] not in mine:
-                    held.add(parts[7])
-    except OSError:
-        pass
-    return held
+def _dedupe(procs: list[psutil.Process]) -> list[psutil.Process]:
+    seen, out = set(), []
+    for p in procs:
+        if p.pid not in seen:
+            seen.add(p.pid)
+            out.append(p)
+    return out
 
 
 def _alive(p: psutil.Process) -> bool:
