@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.model.config import ModelConfig
-from minivllm.model.llama import LlamaModel
+from minivllm.model.llama import LlamaModel, check_tensor_parallel_size
 from minivllm.model.loader import default_model_path, load_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -33,6 +33,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     num_threads: int | None = None  # torch threads in the worker; None: torch's default
     data_parallel_size: int = 1  # engine core processes, each with the whole model
+    tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
+    distributed_executor_backend: str | None = None  # "uni" | "mp"; None: "mp" when TP > 1
     model_config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -43,6 +45,7 @@ class EngineConfig:
         if self.model is None:
             self.model = default_model_path()
         self.model_config = load_config(self.model)
+        self._check_parallel()
         if self.num_kv_blocks is None:
             per_block = self.block_size * LlamaModel.kv_bytes_per_token(self.model_config,
                                                                          self.torch_dtype)
@@ -55,6 +58,17 @@ class EngineConfig:
                              f"num_kv_blocks")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             self.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
+
+    def _check_parallel(self) -> None:
+        check_tensor_parallel_size(self.model_config, self.tensor_parallel_size)
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "mp" if self.tensor_parallel_size > 1 else "uni"
+        if self.distributed_executor_backend not in ("uni", "mp"):
+            raise ValueError(f"distributed_executor_backend must be 'uni' or 'mp', got "
+                             f"{self.distributed_executor_backend!r}")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("the 'uni' executor runs one worker in the engine core's process: "
+                             "use distributed_executor_backend='mp' for tensor_parallel_size > 1")
 
     @property
     def torch_dtype(self) -> torch.dtype:
