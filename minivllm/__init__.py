@@ -14,6 +14,14 @@ __version__ = "0.1.0"
 # its first allocation, so it only takes effect when minivllm is imported before torch.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+# MINIVLLM_CPU_ARCH=x86-64-v3 runs minivllm as on an AVX2-only CPU: the C ops are built for it
+# (model/csrc_build.py) and torch's own kernels (ATen, oneDNN, MKL) are held to AVX2 too, so
+# bfloat16 is emulated as there. Like the line above, only when minivllm is imported first.
+if os.environ.get("MINIVLLM_CPU_ARCH") == "x86-64-v3":
+    for _key, _isa in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+                       ("MKL_ENABLE_INSTRUCTIONS", "AVX2")):
+        os.environ.setdefault(_key, _isa)
+
 
 def __getattr__(name: str):
     # `from minivllm import LLM` without importing torch for every child process.
