@@ -1,0 +1,360 @@
+"""The judge's tests for exercise 215. Each receives the learner's module as `do`.
+
+The first tests drive the learner's DeltaEncoder and WorkerState by hand, a few steps at a time,
+through encode/decode. The last one replays 500 steps of the judge's own scheduler (chunked
+prefill, a small block pool that forces preemption, finishes, aborts, an id reused after an
+abort) with the worker in another process, the bytes on a real pipe, and compares the worker's
+table with the scheduler's truth after every step.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+from collections import deque
+
+import msgspec
+
+from minivllm.judge.api import Fail, check_equal, test
+
+WAIT_S = 5.0  # the worker process answers one step well within this
+STEPS = 500
+
+
+# --- helpers ----------------------------------------------------------------------------------
+def _req(do, rid, prompt, outputs, blocks, computed, scheduled, resumed=False, max_tokens=16):
+    return do.ScheduledRequest(rid, list(prompt), do.SamplingParams(0.5, 0.9, max_tokens),
+                               list(outputs), list(blocks), computed, scheduled, resumed)
+
+
+def _step(do, enc, worker, scheduled, finished=()):
+    """One step through the wire: make_output, encode, decode, update. The decoded output."""
+    out = enc.make_output(scheduled, list(finished))
+    back = do.decode(do.encode(out))
+    worker.update(back)
+    return back
+
+
+def _cached(out) -> dict:
+    """{req_id: (new tokens, new blocks, computed, resumed)} of the cached part."""
+    c = out.scheduled_cached_reqs
+    if not (len(c.req_ids) == len(c.new_token_ids) == len(c.new_block_ids)
+            == len(c.num_computed_tokens)):
+        raise Fail("CachedRequestData's lists must be parallel: one entry per req_id",
+                   got={"req_ids": c.req_ids, "new_token_ids": c.new_token_ids,
+                        "new_block_ids": c.new_block_ids,
+                        "num_computed_tokens": c.num_computed_tokens})
+    return {r: (list(t), list(b), n, r in c.resumed_req_ids)
+            for r, t, b, n in zip(c.req_ids, c.new_token_ids, c.new_block_ids,
+                                  c.num_computed_tokens)}
+
+
+FIELDS = ("prompt_token_ids", "sampling_params", "output_token_ids", "block_ids",
+          "num_computed_tokens")
+
+
+def _row(state) -> list:
+    """A worker's CachedRequestState, or the scheduler's ScheduledRequest, as plain lists."""
+    p = state.sampling_params
+    return [list(state.prompt_token_ids), [p.temperature, p.top_p, p.max_tokens],
+            list(state.output_token_ids), list(state.block_ids), state.num_computed_tokens]
+
+
+def _rows(worker) -> dict:
+    return {rid: _row(s) for rid, s in worker.requests.items()}
+
+
+def _check_worker(worker, expected: dict, when: str):
+    _check_rows(_rows(worker), {rid: [list(v) if isinstance(v, tuple) else v for v in row]
+                                for rid, row in expected.items()}, when)
+
+
+def _check_rows(got: dict, expected: dict, when: str):
+    if set(got) != set(expected):
+        raise Fail(f"{when}: the worker's table holds the wrong requests (finished ones leave, "
+                   "preempted or unscheduled ones stay)", expected=sorted(expected),
+                   got=sorted(got))
+    for rid in expected:
+        if got[rid] != expected[rid]:
+            bad = [f for f, a, b in zip(FIELDS, got[rid], expected[rid]) if a != b]
+            raise Fail(f"{when}: the worker's {rid!r} is wrong in {', '.join(bad)}",
+                       expected={f: a for f, a in zip(FIELDS, expected[rid]) if f in bad},
+                       got={f: a for f, a in zip(FIELDS, got[rid]) if f in bad})
+
+
+# --- the tests ------------------------------------------------------------------------------
+@test(input="encode/decode of an output with one new and one cached request; decode(b'\\x93junk')")
+def wire_round_trip(do):
+    out = do.SchedulerOutput(
+        [do.NewRequestData("a", [1, 2, 3], do.SamplingParams(0.5, 0.9, 7), [4, 5], 0)],
+        do.CachedRequestData(["b"], {"b"}, [[9]], [[6, 7]], [12]),
+        {"a": 3, "b": 1}, ["z"])
+    back = do.decode(do.encode(out))
+    check_equal(back, out, "decode(encode(out))")
+    if not isinstance(back.scheduled_new_reqs[0], do.NewRequestData) or not isinstance(
+            back.scheduled_new_reqs[0].sampling_params, do.SamplingParams):
+        raise Fail("decode must return typed Structs (msgspec.msgpack.Decoder(SchedulerOutput)), "
+                   "not dicts and lists", got=type(back.scheduled_new_reqs[0]).__name__)
+    try:
+        got = do.decode(b"\x93junk")
+    except msgspec.DecodeError:
+        return
+    raise Fail("decode of malformed bytes must raise msgspec.DecodeError", got=got)
+
+
+@test(input="r0: new (prompt 5 tokens, blocks [0, 1]); a decode step (+1 token, +block 2); a "
+            "chunked-prefill step of r1 (no token, no block); r0 gains 3 tokens at once")
+def new_then_delta(do):
+    enc, worker = do.DeltaEncoder(), do.WorkerState()
+    p = [11, 12, 13, 14, 15]
+    out = _step(do, enc, worker, [_req(do, "r0", p, [], [0, 1], 0, 5)])
+    check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
+                "step 1: scheduled_new_reqs (a request seen for the first time goes whole)")
+    check_equal(_cached(out), {}, "step 1: scheduled_cached_reqs")
+    new = out.scheduled_new_reqs[0]
+    check_equal((new.prompt_token_ids, new.block_ids, new.num_computed_tokens), (p, [0, 1], 0),
+                "step 1: r0's NewRequestData (prompt_token_ids, block_ids, num_computed_tokens)")
+    check_equal(out.num_scheduled_tokens, {"r0": 5}, "step 1: num_scheduled_tokens")
+    _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [], [0, 1], 0)}, "after step 1")
+
+    out = _step(do, enc, worker, [_req(do, "r0", p, [7], [0, 1, 2], 5, 1),
+                                  _req(do, "r1", [1] * 10, [], [3], 0, 4)])
+    check_equal([n.req_id for n in out.scheduled_new_reqs], ["r1"],
+                "step 2: scheduled_new_reqs (r0 is known to the workers: it goes as a delta)")
+    check_equal(_cached(out), {"r0": ([7], [2], 5, False)},
+                "step 2: the cached part {req_id: (new_token_ids, new_block_ids, "
+                "num_computed_tokens, resumed)}: only what the workers have not seen")
+    out = _step(do, enc, worker, [_req(do, "r1", [1] * 10, [], [3], 4, 4)])
+    check_equal(_cached(out), {"r1": ([], [], 4, False)},
+                "step 3: a prefill chunk that adds no token and no block")
+    out = _step(do, enc, worker, [_req(do, "r0", p, [7, 8, 9, 10], [0, 1, 2], 6, 3)])
+    check_equal(_cached(out), {"r0": ([8, 9, 10], [], 6, False)},
+                "step 4: r0 gained 3 tokens since it was last sent (all three are new)")
+    _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [7, 8, 9, 10], [0, 1, 2], 6),
+                           "r1": ([1] * 10, (0.5, 0.9, 16), [], [3], 4)}, "after step 4")
+
+
+@test(input="r0 and r1 run; r0 finishes; an abort of 'ghost', never scheduled; r0's id reused "
+            "by a new request two steps later")
+def finish_and_forget(do):
+    enc, worker = do.DeltaEncoder(), do.WorkerState()
+    _step(do, enc, worker, [_req(do, "r0", [1, 2], [], [0], 0, 2),
+                            _req(do, "r1", [3, 4], [], [1], 0, 2)])
+    _step(do, enc, worker, [_req(do, "r0", [1, 2], [5], [0], 2, 1),
+                            _req(do, "r1", [3, 4], [6], [1], 2, 1)])
+    out = _step(do, enc, worker, [_req(do, "r1", [3, 4], [6, 8], [1], 3, 1)], ["r0", "ghost"])
+    check_equal(sorted(out.finished_req_ids), ["ghost", "r0"], "finished_req_ids")
+    _check_worker(worker, {"r1": ([3, 4], (0.5, 0.9, 16), [6, 8], [1], 3)},
+                  "after r0 finished and 'ghost' (unknown to the worker) was aborted")
+    check_equal(enc.num_tracked(), 1, "num_tracked() after r0 finished (forget finished ids)")
+    _step(do, enc, worker, [_req(do, "r1", [3, 4], [6, 8, 9], [1, 2], 4, 1)])
+    out = _step(do, enc, worker, [_req(do, "r0", [42], [], [0], 0, 1)])
+    check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
+                "scheduled_new_reqs when the finished id r0 comes back as a new request")
+    _check_worker(worker, {"r0": ([42], (0.5, 0.9, 16), [], [0], 0),
+                           "r1": ([3, 4], (0.5, 0.9, 16), [6, 8, 9], [1, 2], 4)},
+                  "after r0 came back as a new request")
+
+
+@test(input="r0 runs on blocks [0, 1, 2]; preempted (not scheduled for 2 steps, its blocks "
+            "freed); resumed on blocks [5, 3]; then a decode step adds block 4")
+def preempt_and_resume(do):
+    enc, worker = do.DeltaEncoder(), do.WorkerState()
+    p = list(range(10))
+    _step(do, enc, worker, [_req(do, "r0", p, [], [0, 1, 2], 0, 10)])
+    _step(do, enc, worker, [_req(do, "r0", p, [50], [0, 1, 2], 10, 1)])
+    _step(do, enc, worker, [_req(do, "r1", [9], [], [0], 0, 1)])
+    _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50], [0, 1, 2], 10),
+                           "r1": ([9], (0.5, 0.9, 16), [], [0], 0)},
+                  "while r0 is preempted (the worker keeps its cached state)")
+    _step(do, enc, worker, [_req(do, "r1", [9], [51], [0], 1, 1)], ["r1"])
+    out = _step(do, enc, worker, [_req(do, "r0", p, [50, 60], [5, 3], 0, 8, resumed=True)],
+                ["r1"])
+    check_equal(_cached(out), {"r0": ([60], [5, 3], 0, True)},
+                "the resumed step: r0 in resumed_req_ids with its whole new block table; its "
+                "output tokens are still a delta (the worker kept them)")
+    _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50, 60], [5, 3], 0)},
+                  "after the resumed step (the new block table replaces the old one)")
+    out = _step(do, enc, worker, [_req(do, "r0", p, [50, 60], [5, 3, 4], 8, 4)])
+    check_equal(_cached(out), {"r0": ([], [4], 8, False)},
+                "the step after the resume: a plain delta again")
+    _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50, 60], [5, 3, 4], 8)},
+                  "after the step after the resume")
+
+
+@test(input="r0 running; in one step r0 is aborted and a new request with the same id 'r0' "
+            "is scheduled (finished_req_ids and scheduled_new_reqs both name it)")
+def same_id_finished_and_new(do):
+    enc, worker = do.DeltaEncoder(), do.WorkerState()
+    _step(do, enc, worker, [_req(do, "r0", [1, 2, 3], [], [0], 0, 3)])
+    _step(do, enc, worker, [_req(do, "r0", [1, 2, 3], [4], [0], 3, 1)])
+    out = _step(do, enc, worker, [_req(do, "r0", [7, 7], [], [2], 0, 2)], ["r0"])
+    check_equal(([n.req_id for n in out.scheduled_new_reqs], out.finished_req_ids),
+                (["r0"], ["r0"]), "(scheduled_new_reqs ids, finished_req_ids): the old r0 "
+                "finished, the new r0 is new")
+    _check_worker(worker, {"r0": ([7, 7], (0.5, 0.9, 16), [], [2], 0)},
+                  "after the step (apply finished_req_ids first, then the new requests)")
+
+
+# --- the judge's scheduler ---------------------------------------------------------------------
+class _SimReq:
+    def __init__(self, rid, prompt, max_tokens):
+        self.rid, self.prompt, self.max_tokens = rid, prompt, max_tokens
+        self.outputs: list[int] = []
+        self.blocks: list[int] = []
+        self.computed = 0
+        self.resumed = False
+
+
+class Sim:
+    """A small paged scheduler: token budget, chunked prefill, recompute preemption, aborts."""
+
+    BLOCK, NUM_BLOCKS, BUDGET, MAX_RUNNING = 4, 40, 40, 8
+
+    def __init__(self, do, seed: int):
+        self.do, self.rng = do, random.Random(seed)
+        self.free = list(range(self.NUM_BLOCKS))
+        self.waiting: deque[_SimReq] = deque()
+        self.running: list[_SimReq] = []
+        self.finished: list[str] = []
+        self.next_id = 0
+        self.events = {"preempted": 0, "resumed": 0, "finished": 0, "aborted": 0, "reused": 0}
+
+    def _new(self, rid=None, front=False):
+        if rid is None:
+            rid, self.next_id = f"req-{self.next_id}", self.next_id + 1
+        r = _SimReq(rid, [self.rng.randrange(1, 1000) for _ in range(self.rng.randint(1, 30))],
+                    self.rng.randint(1, 40))
+        self.waiting.appendleft(r) if front else self.waiting.append(r)
+
+    def _release(self, r):
+        self.free.extend(r.blocks)
+        r.blocks = []
+
+    def _abort(self):
+        live = list(self.waiting) + self.running
+        r = self.rng.choice(live)
+        (self.running if r in self.running else self.waiting).remove(r)
+        self._release(r)
+        self.finished.append(r.rid)
+        self.events["aborted"] += 1
+        if self.rng.random() < 0.5:  # the client retries with the same id
+            self._new(r.rid, front=True)
+            self.events["reused"] += 1
+
+    def _grow(self, r, n) -> bool:
+        need = -(-(r.computed + n) // self.BLOCK) - len(r.blocks)
+        if need > len(self.free):
+            return False
+        r.blocks += [self.free.pop(self.rng.randrange(len(self.free))) for _ in range(need)]
+        return True
+
+    def step(self):
+        """Schedule one step: (the ScheduledRequests, the ids finished since the last step)."""
+        if self.rng.random() < 0.35 or not (self.waiting or self.running):
+            self._new()
+        if (self.waiting or self.running) and self.rng.random() < 0.04:
+            self._abort()
+        budget, scheduled = self.BUDGET, []
+        for r in list(self.running):
+            if r not in self.running or budget == 0:
+                continue
+            n = min(len(r.prompt) + len(r.outputs) - r.computed, budget)
+            while not self._grow(r, n):
+                victim = self.running.pop()  # preempt the latest: free its blocks, recompute
+                self._release(victim)
+                victim.computed, victim.resumed = 0, True
+                self.waiting.appendleft(victim)
+                self.events["preempted"] += 1
+                if victim is r:
+                    break
+            else:
+                scheduled.append((r, n))
+                budget -= n
+        while self.waiting and budget and len(self.running) < self.MAX_RUNNING:
+            r = self.waiting[0]
+            n = min(len(r.prompt) + len(r.outputs) - r.computed, budget)
+            if not self._grow(r, n):
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            scheduled.append((r, n))
+            budget -= n
+        do = self.do
+        view = [do.ScheduledRequest(r.rid, list(r.prompt), do.SamplingParams(1.0, 0.95,
+                                                                             r.max_tokens),
+                                    list(r.outputs), list(r.blocks), r.computed, n, r.resumed)
+                for r, n in scheduled]
+        self.events["resumed"] += sum(r.resumed for r, _ in scheduled)
+        finished, self.finished = self.finished, []
+        self._execute(scheduled)
+        return view, finished
+
+    def _execute(self, scheduled):
+        for r, n in scheduled:
+            r.resumed = False
+            r.computed += n
+            if r.computed < len(r.prompt) + len(r.outputs):
+                continue  # a prefill chunk: nothing sampled yet
+            r.outputs.append(self.rng.randrange(1, 1000))
+            if len(r.outputs) >= r.max_tokens:
+                self.running.remove(r)
+                self._release(r)
+                self.finished.append(r.rid)
+                self.events["finished"] += 1
+
+
+def _worker_main(do, conn):
+    """The worker process: decode each step, apply it, answer with its table (msgpack)."""
+    worker = do.WorkerState()
+    while True:
+        data = conn.recv_bytes()
+        if not data:
+            return
+        try:
+            worker.update(do.decode(data))
+            conn.send_bytes(msgspec.msgpack.encode(["ok", _rows(worker)]))
+        except Exception as e:
+            conn.send_bytes(msgspec.msgpack.encode(["error", f"{type(e).__name__}: {e}"]))
+
+
+@test(input=f"{STEPS} steps of the judge's scheduler (seed 215), the worker in another process, "
+            "the encoded outputs on a pipe", timeout=60,
+      hang="the worker process did not answer: did update() block or the process die?")
+def replay_500_steps(do):
+    sim = Sim(do, seed=215)
+    enc = do.DeltaEncoder()
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_worker_main, args=(do, there), daemon=True)
+    proc.start()
+    there.close()
+    expected: dict[str, tuple] = {}
+    try:
+        for step in range(STEPS):
+            scheduled, finished = sim.step()
+            here.send_bytes(do.encode(enc.make_output(scheduled, finished)))
+            if not here.poll(WAIT_S):
+                raise Fail(f"step {step}: the worker process gave no answer within {WAIT_S:g} s")
+            status, table = msgspec.msgpack.decode(here.recv_bytes())
+            if status != "ok":
+                raise Fail(f"step {step}: the worker's update() raised {table}")
+            for rid in finished:
+                expected.pop(rid, None)
+            for r in scheduled:
+                expected[r.req_id] = _row(r)
+            _check_rows(table, expected, f"step {step}")
+        check_equal(enc.num_tracked(), len(expected),
+                    f"DeltaEncoder.num_tracked() after {STEPS} steps (the requests the workers "
+                    "hold; finished ones forgotten)")
+    finally:
+        here.send_bytes(b"")
+        proc.join(WAIT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        here.close()
+    for event, count in sim.events.items():  # the replay exercised every path
+        if count == 0:
+            raise Fail(f"the judge's scheduler had no '{event}' event (a bug in the judge)")
+
