@@ -3,10 +3,13 @@ capabilities, and the command line on exercise 213."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import psutil
 
 from minivllm.judge import exercise
 from minivllm.judge.exercise import Exercise
@@ -24,6 +27,18 @@ def hangs(impl):
 @test(input="leaves things behind")
 def leaks(impl):
     impl.leak()
+
+@test(input="double fork, setsid, exec with an empty environment")
+def escapes(impl):
+    impl.escape()
+
+@test(input="50 MB on one line")
+def floods(impl):
+    impl.flood()
+
+@test(input="a 64 GiB buffer")
+def hogs(impl):
+    impl.hog()
 
 @test(requires=("no-such-capability",))
 def needs_capability(impl):
@@ -47,6 +62,21 @@ def leak():
     s = socket.socket(socket.AF_UNIX)
     s.bind(os.path.join(tempfile.mkdtemp(), "left.sock"))
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+
+def escape():
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execve("/bin/sleep", ["sleep", "77"], {})
+        os._exit(0)
+    os.wait()
+
+def flood():
+    sys.stdout.write("x" * 50_000_000 + "\\n")
+    raise ValueError("after the flood")
+
+def hog():
+    return bytearray(64 << 30)
 '''
 
 
@@ -75,6 +105,24 @@ def test_leftovers_are_removed_and_reported(tmp_path):
     assert "left a shared-memory segment" in leak["message"]
     assert "left an ipc socket file" in leak["message"]
     assert "left a process running" in leak["message"]  # it escaped the group with setsid
+
+
+def test_an_escape_by_setsid_and_exec_is_a_leak_and_is_killed(tmp_path):
+    ex = make_exercise(tmp_path)
+    r = by_name(grade(ex, ex.starter, stop_at_first_failure=False))["escapes"]
+    assert r["status"] == "fail" and r["kind"] == "leak" and "sleep 77" in r["message"], r
+    pid = int(re.search(r"pid (\d+) \(sleep 77", r["message"]).group(1))
+    assert not psutil.pid_exists(pid)
+
+
+def test_output_is_clipped_by_bytes_and_memory_is_limited(tmp_path):
+    ex = make_exercise(tmp_path)
+    results = by_name(grade(ex, ex.starter, stop_at_first_failure=False))
+    flood = results["floods"]
+    assert "after the flood" in flood["message"] and len(flood["output"]) < 5000
+    assert "50,000,001 bytes in all" in flood["output"]
+    hog = results["hogs"]
+    assert hog["kind"] == "error" and "ran out of memory" in hog["message"], hog
 
 
 def test_missing_capability_is_skip_never_pass(tmp_path):

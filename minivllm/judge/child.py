@@ -1,7 +1,9 @@
-"""Runs one test of an exercise in this (child) process and writes its result as JSON.
+"""Runs one test of an exercise in this (child) process and reports its result as JSON.
 
-    python -m minivllm.judge.child TESTS_PY IMPL_DIR MODULE TEST_NAME RESULT_JSON
+    python -m minivllm.judge.child TESTS_PY IMPL_DIR MODULE TEST_NAME
 
+The first line of stdin is the number of the file descriptor to write the result to (one
+JSON line): a pipe the judge holds, named nowhere the learner's module looks (argv, env).
 IMPL_DIR holds the code under test as MODULE.py and is on sys.path (and PYTHONPATH), so
 that processes the learner's code spawns can import it by name too.
 """
@@ -11,11 +13,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
 import traceback
 
 from minivllm.judge import api
+from minivllm.utils.resource_names import name_default_segments
 
 
 def load_tests(tests_path: str):
@@ -48,6 +52,11 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str) -> dic
                       detail=exc.detail)
         if exc.input is not None:
             result["input"] = exc.input
+    except MemoryError:
+        result.update(status="fail", kind="error",
+                      message="your code ran out of memory: the judge allows each process "
+                              f"{os.environ.get('MINIVLLM_JUDGE_MEMORY_MIB', '?')} MiB of address "
+                              "space. Look for a buffer that grows without bound.")
     except NotImplementedError:
         where = _learner_frame(sys.exc_info()[2], impl_dir)
         result.update(status="fail", kind="todo",
@@ -63,10 +72,14 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str) -> dic
 
 
 def main(argv: list[str]) -> int:
-    tests_path, impl_dir, module_name, test_name, out = argv
+    tests_path, impl_dir, module_name, test_name = argv
+    fd = int(sys.stdin.readline())
+    os.set_inheritable(fd, False)  # processes the learner's code execs never hold it
+    sys.stdin = open(os.devnull)
+    name_default_segments()  # unnamed SharedMemory segments carry the judge's prefix
     result = run(tests_path, impl_dir, module_name, test_name)
-    with open(out, "w") as f:
-        json.dump(result, f)
+    with open(fd, "w") as f:
+        f.write(json.dumps(result) + "\n")
     return 0
 
 

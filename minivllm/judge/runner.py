@@ -1,16 +1,26 @@
-"""Grade one file against an exercise's tests: each test in its own process group, with a
-time limit, followed by a sweep for leaked processes, shared memory and socket files."""
+"""Grade one file against an exercise's tests: each test in its own child process, with a time
+limit and a memory limit, followed by a sweep for what it left behind.
+
+The child gets a private TMPDIR and its own resource prefix (resource_names), so the sweep
+blames only what the learner's code made. The judge is a child subreaper: a process that
+escapes the child's group (double fork, setsid, exec with an empty environment) re-parents to
+the judge and is found and killed. The child reports its verdict over a pipe the judge holds;
+its output comes back over another pipe, of which only the tail is kept.
+"""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +30,19 @@ import psutil
 from minivllm.judge import api
 from minivllm.judge.child import load_tests
 from minivllm.judge.exercise import ROOT, Exercise
-from minivllm.utils.leaks import Snapshot
+from minivllm.utils.leaks import Snapshot, become_subreaper
+from minivllm.utils.resource_names import PREFIX_ENV
 
-RUN_MARKER = "MINIVLLM_JUDGE_RUN"  # set in the child's environment to find its descendants
+RUN_MARKER = "MINIVLLM_JUDGE_RUN"  # in the child's environment: a second way to find escapees
+MEMORY_ENV = "MINIVLLM_JUDGE_MEMORY_MIB"
+MEMORY_MIB = int(os.environ.get(MEMORY_ENV, 4096))  # address space per process; torch needs ~1 GiB
 OUTPUT_TAIL_LINES = 15
+OUTPUT_TAIL_BYTES = 4096  # what is shown of the output: 50 MB on one line must not flood a terminal
+OUTPUT_LINE_CHARS = 240
 LEAK_SETTLE_S = 0.5
 DEFAULT_HANG = ("A hang here usually means a loop waiting for a flag or a message that "
                 "nobody will ever set or send.")
+_run_ids = itertools.count()
 
 
 @dataclass
@@ -59,6 +75,7 @@ def has_capability(name: str) -> bool:
 
 
 def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade:
+    become_subreaper()
     result = Grade(ex, path)
     _, specs = load_tests(str(ex.tests))
     for spec in specs:
@@ -79,46 +96,101 @@ def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
     try:
         shutil.copy(path, work / f"{ex.module_name}.py")
         (work / "tmp").mkdir()
-        # Sockets: anywhere in the child's private TMPDIR, and directly in /tmp (a hard-coded
-        # path); not deeper in /tmp, where other programs on the machine keep theirs.
-        before = Snapshot(socket_roots=[(str(work / "tmp"), 4), (tempfile.gettempdir(), 1)])
+        prefix = f"minivllm-j{os.getpid()}x{next(_run_ids)}"
+        before = Snapshot(prefix, private_dirs=[str(work)],
+                          socket_roots=[(tempfile.gettempdir(), 1)])
         token = uuid.uuid4().hex
-        res, out_text = _run_child(ex, spec, work, token)
+        res, out = _run_child(ex, spec, work, prefix, token)
         _add_leaks(res, before, token)
-        if res["status"] != "pass" and out_text.strip():
-            res["output"] = "\n".join(out_text.rstrip().splitlines()[-OUTPUT_TAIL_LINES:])
+        out.join()
+        if res["status"] != "pass" and out.text.strip():
+            res["output"] = out.text
         return res
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, token: str) -> tuple[dict, str]:
-    result_path, log_path = work / "result.json", work / "output.log"
-    env = dict(os.environ, **{RUN_MARKER: token, "TMPDIR": str(work / "tmp"),
+class _Tail(threading.Thread):
+    """Drains a pipe, keeping only its last bytes."""
+
+    def __init__(self, fd: int, keep: int, stop_at_newline: bool = False):
+        super().__init__(daemon=True)
+        self.fd, self.keep, self.stop_at_newline = fd, keep, stop_at_newline
+        self.data, self.total = b"", 0
+        self.start()
+
+    def run(self) -> None:
+        with open(self.fd, "rb", buffering=0, closefd=True) as f:
+            while chunk := f.read(65536):
+                self.total += len(chunk)
+                self.data = (self.data + chunk)[-self.keep:] if self.keep else self.data + chunk
+                if self.stop_at_newline and b"\n" in self.data:
+                    return
+
+    def join(self, timeout: float = 5.0) -> None:
+        super().join(timeout)
+
+    @property
+    def text(self) -> str:
+        lines = self.data.decode(errors="replace").rstrip().splitlines()[-OUTPUT_TAIL_LINES:]
+        lines = [ln if len(ln) <= OUTPUT_LINE_CHARS else
+                 ln[:OUTPUT_LINE_CHARS] + f"... ({len(ln):,} chars in this line)" for ln in lines]
+        if self.total > len(self.data):
+            lines.insert(0, f"({self.total:,} bytes in all; the last ones follow)")
+        return "\n".join(lines)
+
+
+def _limit_memory() -> None:
+    limit = MEMORY_MIB << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
+               token: str) -> tuple[dict, _Tail]:
+    env = dict(os.environ, **{RUN_MARKER: token, PREFIX_ENV: prefix, "TMPDIR": str(work / "tmp"),
+                              MEMORY_ENV: str(MEMORY_MIB),
                               "PYTHONPATH": os.pathsep.join([str(work), str(ROOT)])})
+    verdict_r, verdict_w = os.pipe()
+    out_r, out_w = os.pipe()
     cmd = [sys.executable, "-m", "minivllm.judge.child", str(ex.tests), str(work),
-           ex.module_name, spec.name, str(result_path)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, cwd=work)
-        try:
-            proc.wait(timeout=spec.timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
+           ex.module_name, spec.name]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out_w, stderr=out_w, env=env,
+                                start_new_session=True, cwd=work, pass_fds=(verdict_w,),
+                                preexec_fn=_limit_memory)
+    finally:
+        os.close(verdict_w)
+        os.close(out_w)
+    verdict, out = _Tail(verdict_r, 0, stop_at_newline=True), _Tail(out_r, OUTPUT_TAIL_BYTES)
+    proc.stdin.write(f"{verdict_w}\n".encode())  # the fd number: never in argv or the environment
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=spec.timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
         _kill_group(proc.pid)
         proc.wait()
-    out_text = log_path.read_text(errors="replace")
+    verdict.join(1.0)
     if timed_out:
         return ({"name": spec.name, "status": "fail", "kind": "timeout", "input": spec.input,
                  "seconds": spec.timeout,
                  "message": f"timed out after {spec.timeout:g} s; the judge stopped it and "
-                            f"everything it started. {spec.hang or DEFAULT_HANG}"}, out_text)
-    if not result_path.exists():
-        return ({"name": spec.name, "status": "fail", "kind": "error", "input": spec.input,
-                 "message": f"the test process died with exit code {proc.returncode} before "
-                            "reporting (a crash in native code, os._exit, or a signal)"}, out_text)
-    return json.loads(result_path.read_text()), out_text
+                            f"everything it started. {spec.hang or DEFAULT_HANG}"}, out)
+    line = verdict.data.split(b"\n", 1)[0]
+    try:
+        return json.loads(line), out
+    except ValueError:
+        return _died(spec, proc.returncode), out
+
+
+def _died(spec: api.TestSpec, code: int) -> dict:
+    why = "a crash in native code, os._exit, or a signal"
+    if code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT):
+        why += (f"; if your code allocates a lot, it may have run out of memory (the judge "
+                f"allows {MEMORY_MIB} MiB per process)")
+    return {"name": spec.name, "status": "fail", "kind": "error", "input": spec.input,
+            "message": f"the test process died with exit code {code} before reporting ({why})"}
 
 
 def _kill_group(pgid: int) -> None:
@@ -140,11 +212,11 @@ def _marked_processes(token: str) -> list[psutil.Process]:
 
 
 def _add_leaks(res: dict, before: Snapshot, token: str) -> None:
-    # The process group is already killed; give the kernel a moment to tear it down, so
-    # that what is still alive is what escaped the group (a daemon, a setsid child).
+    # What is still alive escaped the test's process: every descendant comes back to the
+    # judge (a subreaper), and the environment marker finds the rest.
     leaks = before.leaks(settle=LEAK_SETTLE_S, extra_processes=_marked_processes(token))
-    if not leaks:
-        return
+    if leaks.others:
+        res["warnings"] = [leaks.warning()]
     messages = []
     if leaks.processes and res.get("kind") != "timeout":
         messages.append("your code left a process running: " + "; ".join(leaks.processes)
