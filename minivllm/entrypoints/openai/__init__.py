@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API server (`minivllm serve`): protocol, serving, app, metrics."""

@@ -1,0 +1,200 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes on uvicorn, in front of an AsyncLLM.
+
+Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events),
+GET /v1/models, /health (200, or 503 once the engine is dead), /metrics (Prometheus text).
+
+Three behaviours come from vLLM:
+- The body is parsed here, not by FastAPI, so malformed JSON and bad fields are 400 with OpenAI's
+  error body, never FastAPI's 422 (vLLM maps RequestValidationError to 400 in
+  vllm/entrypoints/serve/exception_handling/handlers/validation.py:149).
+- A client that disconnects cancels its handler, and the cancellation closes the request's
+  generator, which aborts it in the engine and frees its KV blocks: `with_cancellation`,
+  vllm/entrypoints/serve/utils/api_utils.py:53-108, for whole responses; for streams, Starlette's
+  StreamingResponse listens for the disconnect itself and cancels the stream.
+- When the engine dies, /health answers 503 and a watchdog makes uvicorn exit (vLLM's
+  watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py:313-335);
+  streams in flight end with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import time
+from http import HTTPStatus
+from typing import Any, Awaitable, Callable, Iterator
+
+import pydantic
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from minivllm.entrypoints.openai.metrics import ServerMetrics
+from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                                  ModelCard, ModelList, to_json)
+from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_engine import OpenAIError, validation_error
+from minivllm.utils import tracing
+
+WATCHDOG_INTERVAL_S = 0.5  # how often the server checks that the engine is alive (vLLM: 5 s)
+GRACEFUL_SHUTDOWN_S = 3  # open connections get this long to finish once the server exits
+JSON = "application/json"
+
+
+def error_response(exc: BaseException) -> Response:
+    err = OpenAIError.from_exception(exc)
+    return Response(err.body(), status_code=int(err.status), media_type=JSON)
+
+
+async def listen_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def with_cancellation(work: Awaitable[Any], request: Request) -> tuple[bool, Any]:
+    """Run `work` until it finishes or the client disconnects, whichever comes first; a
+    disconnect cancels it. Call only once the body is read: this consumes the request's
+    messages. Returns (finished, result)."""
+    handler = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(listen_for_disconnect(request))
+    done, pending = await asyncio.wait([handler, listener], return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if handler in done:
+        return True, handler.result()
+    return False, None
+
+
+class ApiKeyMiddleware:
+    """401 on /v1 without `Authorization: Bearer <key>` (vLLM: AuthenticationMiddleware,
+    vllm/entrypoints/serve/middleware/authenticate.py:59-60, which answers {"error":
+    "Unauthorized"}; here the body is OpenAI's error object, which the openai client reads)."""
+
+    def __init__(self, app: Callable, api_key: str) -> None:
+        self.app, self.expected = app, b"Bearer " + api_key.encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if (scope["type"] == "http" and scope["path"].startswith("/v1")
+                and dict(scope["headers"]).get(b"authorization") != self.expected):
+            err = OpenAIError("Invalid or missing API key: send `Authorization: Bearer <key>`",
+                              HTTPStatus.UNAUTHORIZED, "AuthenticationError")
+            await Response(err.body(), 401, media_type=JSON)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: Any, served_model_names: list[str], api_key: str | None = None) -> FastAPI:
+    metrics = ServerMetrics(served_model_names[0])
+    chat = OpenAIServingChat(engine, served_model_names, metrics)
+    completion = OpenAIServingCompletion(engine, served_model_names, metrics)
+    app = FastAPI(title="minivllm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    async def openai_endpoint(raw: Request, model: type[pydantic.BaseModel],
+                              create: Callable[[Any], Awaitable[Any]]) -> Response:
+        body = await raw.body()
+        try:
+            with tracing.span("http_parse"):
+                request = model.model_validate_json(body)
+            finished, result = await with_cancellation(create(request), raw)
+        except pydantic.ValidationError as e:
+            return error_response(validation_error(e))
+        except Exception as e:  # noqa: BLE001 - every failure becomes OpenAI's error body
+            return error_response(e)
+        if not finished:  # the client is gone; nobody reads this
+            return Response(status_code=499)
+        if hasattr(result, "__anext__"):
+            return StreamingResponse(result, media_type="text/event-stream")
+        return Response(to_json(result), media_type=JSON)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw_request: Request) -> Response:
+        return await openai_endpoint(raw_request, ChatCompletionRequest,
+                                     chat.create_chat_completion)
+
+    @app.post("/v1/completions")
+    async def create_completion(raw_request: Request) -> Response:
+        return await openai_endpoint(raw_request, CompletionRequest, completion.create_completion)
+
+    @app.get("/v1/models")
+    async def show_models() -> Response:
+        cards = [ModelCard(name, int(time.time()), chat.max_model_len, root=engine.config.model)
+                 for name in served_model_names]
+        return Response(to_json(ModelList(cards)), media_type=JSON)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=503 if engine.errored else 200)
+
+    @app.get("/metrics")
+    async def show_metrics() -> Response:
+        if not engine.errored:
+            try:
+                metrics.update_engine_stats(await engine.get_stats())
+            except Exception:  # noqa: BLE001 - the engine died during the scrape
+                pass
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+
+
+class NoSignalServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: after serving it re-raises a captured SIGTERM,
+    which would kill the process before the engine is shut down. run_server installs its own
+    (vLLM does the same: vllm/entrypoints/launchers/launcher.py:47-60)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def create_server_socket(host: str, port: int) -> socket.socket:
+    """Bind before the engine starts, so a busy port fails in a second, not after loading."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port "
+                      f"or stop what holds it (`ss -ltnp | grep :{port}`)") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+async def watch_engine(server: uvicorn.Server, engine: Any) -> None:
+    while not engine.errored:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+    print("minivllm serve: the engine died; the API server exits", flush=True)
+    server.should_exit = True
+
+
+async def serve_http(app: FastAPI, sock: socket.socket, engine: Any,
+                     on_started: Callable[[], None] | None = None) -> int:
+    """Serve on `sock` until SIGINT/SIGTERM or the engine's death; returns the exit code.
+    `on_started` runs once uvicorn accepts connections."""
+    config = uvicorn.Config(app, http="httptools", log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off")
+    server = NoSignalServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+    watchdog = asyncio.create_task(watch_engine(server, engine))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not (server.started or serving.done()):
+            await asyncio.sleep(0.01)
+        if server.started and on_started is not None:
+            on_started()
+        await serving
+    finally:
+        watchdog.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return 1 if engine.errored else 0

@@ -1,0 +1,73 @@
+"""The server's Prometheus metrics, named as vLLM names them with a `minivllm:` prefix.
+
+Gauges (requests running and waiting, KV-cache blocks) are read from the engine core when
+/metrics is scraped (AsyncLLM.get_stats); counters and histograms are updated by the API server
+as outputs arrive. In vLLM: vllm/v1/metrics/loggers.py:528 (num_requests_running), :620
+(kv_cache_usage_perc), :748 and :799 (prompt and generation tokens), :931, :941 and :961 (TTFT,
+inter-token latency and e2e histograms). With several API servers each keeps its own counters
+(vLLM merges them with prometheus_client's multiprocess mode; minivllm does not).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+               0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels, self.labels = ["model_name"], {"model_name": model_name}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"minivllm:{name}", doc, labels, registry=self.registry).labels(
+                **self.labels)
+        self.running = gauge("num_requests_running", "Requests in the engine's running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        self.kv_used = gauge("kv_cache_blocks_used", "KV-cache blocks in use.")
+        self.kv_total = gauge("kv_cache_blocks_total", "KV-cache blocks in all.")
+        self.prompt_tokens = Counter("minivllm:prompt_tokens", "Prompt tokens processed.", labels,
+                                     registry=self.registry).labels(**self.labels)
+        self.generation_tokens = Counter("minivllm:generation_tokens", "Tokens generated.",
+                                         labels, registry=self.registry).labels(**self.labels)
+        self.ttft = Histogram("minivllm:time_to_first_token_seconds", "Time to first token.",
+                              labels, buckets=TTFT_BUCKETS, registry=self.registry
+                              ).labels(**self.labels)
+        self.itl = Histogram("minivllm:inter_token_latency_seconds", "Time between tokens.",
+                             labels, buckets=ITL_BUCKETS, registry=self.registry
+                             ).labels(**self.labels)
+        self.e2e = Histogram("minivllm:e2e_request_latency_seconds", "Request latency.",
+                             labels, buckets=E2E_BUCKETS, registry=self.registry
+                             ).labels(**self.labels)
+
+    def observe_tokens(self, first: bool, since_last: float, since_start: float,
+                       num_new: int) -> None:
+        if first:
+            self.ttft.observe(since_start)
+        else:  # several tokens in one output (a stop string, a late read): split the gap
+            gap = since_last / num_new
+            for _ in range(num_new):
+                self.itl.observe(gap)
+
+    def observe_finished(self, prompt_tokens: int, generation_tokens: int, e2e: float) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generation_tokens)
+        self.e2e.observe(e2e)
+
+    def update_engine_stats(self, stats: dict) -> None:
+        self.running.set(stats.get("num_running", 0))
+        self.waiting.set(stats.get("num_waiting", 0))
+        used, total = stats.get("kv_blocks_used", 0), stats.get("kv_blocks_total", 0)
+        self.kv_used.set(used)
+        self.kv_total.set(total)
+        self.kv_usage.set(used / total if total else 0.0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,190 @@
+"""The OpenAI API's request and response bodies, the subset minivllm serves.
+
+Requests are pydantic models, because FastAPI validates a body against them and reports every
+bad field (the server answers those with 400, as vLLM does, not FastAPI's 422). Responses are
+msgspec Structs: the server writes one JSON chunk per token per stream, and msgspec encodes a
+chunk several times faster than pydantic's model_dump_json. A field left `UNSET` is not written,
+as vLLM's `exclude_unset` leaves it out; `finish_reason` stays in every choice (null until the
+end) because the openai client reads it from every chunk.
+
+In vLLM: ChatCompletionRequest, vllm/entrypoints/openai/chat_completion/protocol.py;
+CompletionRequest, vllm/entrypoints/openai/completion/protocol.py; ErrorInfo and ErrorResponse,
+vllm/entrypoints/serve/engine/protocol.py:79-87.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, Union
+
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 16  # choices per request: each is a request in the engine, so cap the fan-out
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored, not errors
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+
+
+class TextContent(OpenAIBaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: Union[str, list[TextContent], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class SamplingFields(OpenAIBaseModel):
+    """The fields both endpoints share."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's extension
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+    ignore_eos: bool = False  # vLLM's extension: the benchmark's fixed output lengths
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI, still honoured
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt or a batch: a string, a token list, or a list of either."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+# ---- responses (msgspec) ----
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorInfo
+
+
+class UsageInfo(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    max_model_len: int
+    object: str = "model"
+    owned_by: str = "minivllm"
+    root: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ResponseMessage(msgspec.Struct):
+    content: str
+    role: str = "assistant"
+
+
+class ChatCompletionChoice(msgspec.Struct):
+    index: int
+    message: ResponseMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(msgspec.Struct):
+    id: str
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+    created: int = msgspec.field(default_factory=lambda: int(time.time()))
+    object: str = "chat.completion"
+
+
+class DeltaMessage(msgspec.Struct):
+    role: str | msgspec.UnsetType = msgspec.UNSET
+    content: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ChatCompletionStreamChoice(msgspec.Struct):
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionStreamResponse(msgspec.Struct):
+    id: str
+    model: str
+    created: int
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
+    object: str = "chat.completion.chunk"
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(msgspec.Struct):
+    id: str
+    model: str
+    created: int
+    choices: list[CompletionChoice]
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
+    object: str = "text_completion"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def to_json(body: msgspec.Struct) -> bytes:
+    return _encoder.encode(body)

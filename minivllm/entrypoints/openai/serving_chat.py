@@ -1,0 +1,108 @@
+"""/v1/chat/completions: render the chat template, tokenize, generate, answer or stream.
+
+The stream, in the order the openai client parses it (vLLM:
+vllm/entrypoints/openai/chat_completion/serving.py:472-507 writes each chunk as
+`data: {json}\\n\\n`, an error as a `data: {"error": ...}` event, and always ends with
+`data: [DONE]`):
+
+    data: {"id": "chatcmpl-..", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}], ...}
+    data: {... "choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": null}]}
+    data: {... "choices": [{"index": 0, "delta": {"content": "."}, "finish_reason": "stop"}]}
+    data: {... "choices": [], "usage": {...}}      only with stream_options.include_usage
+    data: [DONE]
+
+One first chunk with the role per choice; `finish_reason` rides on the choice's last content
+chunk; every chunk of one response carries the same id and `created`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncGenerator, AsyncIterator
+
+from minivllm.engine.output_processor import RequestOutput
+from minivllm.entrypoints.openai.protocol import (ChatCompletionChoice, ChatCompletionRequest,
+                                                  ChatCompletionResponse, ChatCompletionStreamChoice,
+                                                  ChatCompletionStreamResponse, DeltaMessage,
+                                                  ResponseMessage)
+from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
+                                                        random_id, sse, usage)
+from minivllm.utils import tracing
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """The engine's "abort" and "error" never reach a client that is still listening as a
+    normal end: "error" raises before this, so only stop and length remain."""
+    if reason == "error":
+        raise OpenAIError("the engine failed this request (see the server log)", 500,
+                          "InternalServerError")
+    return reason
+
+
+class OpenAIServingChat(OpenAIServing):
+    def prepare(self, request: ChatCompletionRequest) -> tuple[str, list[int], int]:
+        model = self.check_model(request)
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        with tracing.span("tokenize"):
+            try:
+                prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as e:  # a template that rejects the conversation (jinja2 error)
+                raise OpenAIError(f"the chat template rejected the messages: {e}",
+                                  param="messages") from e
+            token_ids = self.tokenizer.encode(prompt)
+        max_tokens = self.check_prompt(token_ids, request.requested_max_tokens())
+        return model, token_ids, max_tokens
+
+    async def create_chat_completion(self, request: ChatCompletionRequest
+                                     ) -> ChatCompletionResponse | AsyncGenerator[bytes, None]:
+        model, token_ids, max_tokens = self.prepare(request)
+        request_id = random_id("chatcmpl")
+        results = self.fan_out([token_ids], request, [max_tokens], request_id)
+        if request.stream:
+            return self.stream(request, results, request_id, model, len(token_ids))
+        return await self.full(request, results, request_id, model, len(token_ids))
+
+    async def full(self, request: ChatCompletionRequest,
+                   results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
+                   model: str, num_prompt: int) -> ChatCompletionResponse:
+        final: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in results:
+                if out.finished:
+                    final[i] = out
+        finally:
+            await results.aclose()
+        choices = [ChatCompletionChoice(i, ResponseMessage(final[i].outputs[0].text),
+                                        openai_finish_reason(final[i].outputs[0].finish_reason))
+                   for i in sorted(final)]
+        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
+        return ChatCompletionResponse(request_id, model, choices, usage(num_prompt, completion))
+
+    async def stream(self, request: ChatCompletionRequest,
+                     results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
+                     model: str, num_prompt: int) -> AsyncGenerator[bytes, None]:
+        created = int(time.time())
+
+        def chunk(choices: list[ChatCompletionStreamChoice], **extra: object) -> bytes:
+            return sse(ChatCompletionStreamResponse(request_id, model, created, choices, **extra))
+        try:
+            for i in range(request.n):
+                yield chunk([ChatCompletionStreamChoice(i, DeltaMessage("assistant", ""))])
+            sent = [0] * request.n  # characters of each choice already sent
+            completion = 0
+            async for i, out in results:
+                c = out.outputs[0]
+                finish = openai_finish_reason(c.finish_reason) if out.finished else None
+                if len(c.text) > sent[i] or finish is not None:
+                    delta = DeltaMessage(content=c.text[sent[i]:])
+                    sent[i] = len(c.text)
+                    yield chunk([ChatCompletionStreamChoice(i, delta, finish)])
+                if out.finished:
+                    completion += len(c.token_ids)
+            if request.include_usage():
+                yield chunk([], usage=usage(num_prompt, completion))
+        except Exception as e:  # the engine died or failed: say so in the stream, then end it
+            yield sse(OpenAIError.from_exception(e).error_response())
+        finally:
+            await results.aclose()  # a client gone between chunks: abort now, not at GC
+        yield SSE_DONE

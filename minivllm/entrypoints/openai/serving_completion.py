@@ -1,0 +1,89 @@
+"""/v1/completions: a prompt (text or token ids, one or a batch) in, text out, whole or streamed.
+
+The stream is the chat stream without the role chunk: `data: {"id": "cmpl-..", "object":
+"text_completion", "choices": [{"index": i, "text": "..", "finish_reason": null}]}` events, the
+last one of each choice with its finish_reason, a usage chunk with empty choices only when
+stream_options.include_usage asks for it, then `data: [DONE]`. With a batch of P prompts and
+n choices each, choice index = prompt * n + choice, as in OpenAI's API. In vLLM:
+vllm/entrypoints/openai/completion/serving.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncGenerator, AsyncIterator
+
+from minivllm.engine.output_processor import RequestOutput
+from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
+                                                  CompletionResponse)
+from minivllm.entrypoints.openai.serving_chat import openai_finish_reason
+from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
+                                                        random_id, sse, usage)
+from minivllm.utils import tracing
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def prepare(self, request: CompletionRequest) -> tuple[str, list[list[int]], list[int]]:
+        model = self.check_model(request)
+        prompts: list[list[int]] = []
+        with tracing.span("tokenize"):
+            for p in request.prompts():
+                prompts.append(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
+        if not prompts:
+            raise OpenAIError("the prompt list is empty", param="prompt")
+        max_tokens = [self.check_prompt(ids, request.requested_max_tokens(), "prompt")
+                      for ids in prompts]
+        return model, prompts, max_tokens
+
+    async def create_completion(self, request: CompletionRequest
+                                ) -> CompletionResponse | AsyncGenerator[bytes, None]:
+        model, prompts, max_tokens = self.prepare(request)
+        request_id = random_id("cmpl")
+        results = self.fan_out(prompts, request, max_tokens, request_id)
+        num_prompt = sum(map(len, prompts)) * request.n
+        if request.stream:
+            return self.stream(request, results, request_id, model, num_prompt,
+                               len(prompts) * request.n)
+        return await self.full(results, request_id, model, num_prompt)
+
+    async def full(self, results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
+                   model: str, num_prompt: int) -> CompletionResponse:
+        final: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in results:
+                if out.finished:
+                    final[i] = out
+        finally:
+            await results.aclose()
+        choices = [CompletionChoice(i, final[i].outputs[0].text,
+                                    openai_finish_reason(final[i].outputs[0].finish_reason))
+                   for i in sorted(final)]
+        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
+        return CompletionResponse(request_id, model, int(time.time()), choices,
+                                  usage(num_prompt, completion))
+
+    async def stream(self, request: CompletionRequest,
+                     results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
+                     model: str, num_prompt: int, num_choices: int
+                     ) -> AsyncGenerator[bytes, None]:
+        created = int(time.time())
+        try:
+            sent = [0] * num_choices
+            completion = 0
+            async for i, out in results:
+                c = out.outputs[0]
+                finish = openai_finish_reason(c.finish_reason) if out.finished else None
+                if len(c.text) > sent[i] or finish is not None:
+                    choice = CompletionChoice(i, c.text[sent[i]:], finish)
+                    sent[i] = len(c.text)
+                    yield sse(CompletionResponse(request_id, model, created, [choice]))
+                if out.finished:
+                    completion += len(c.token_ids)
+            if request.include_usage():
+                yield sse(CompletionResponse(request_id, model, created, [],
+                                             usage(num_prompt, completion)))
+        except Exception as e:  # the engine died or failed: say so in the stream, then end it
+            yield sse(OpenAIError.from_exception(e).error_response())
+        finally:
+            await results.aclose()  # a client gone between chunks: abort now, not at GC
+        yield SSE_DONE

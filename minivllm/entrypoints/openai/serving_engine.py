@@ -1,0 +1,192 @@
+"""What both OpenAI endpoints share: validation, sampling parameters, errors, and the fan-out of
+`n` choices into `n` engine requests.
+
+Errors follow vLLM: a client's mistake is 400 BadRequestError with OpenAI's body
+`{"error": {"message", "type", "param", "code"}}`, an unknown model 404 NotFoundError, a dead
+engine 500 InternalServerError (and /health 503). In vLLM: create_error_response,
+vllm/entrypoints/serve/exception_handling/error_response.py:14-103; the context-length check,
+OpenAIServing._validate_input, vllm/entrypoints/openai/engine/serving.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any, AsyncGenerator, AsyncIterator
+
+import numpy as np
+import pydantic
+
+from minivllm.engine.output_processor import RequestOutput
+from minivllm.entrypoints.openai.metrics import ServerMetrics
+from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, SamplingFields,
+                                                  UsageInfo, to_json)
+from minivllm.sampling_params import SEED_MAX, SamplingParams
+from minivllm.utils import tracing
+
+
+class OpenAIError(Exception):
+    """An error the server answers with OpenAI's error body."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
+                 err_type: str = "BadRequestError", param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.err_type, self.param = status, err_type, param
+
+    def error_response(self) -> ErrorResponse:
+        return ErrorResponse(ErrorInfo(str(self), self.err_type, self.param, int(self.status)))
+
+    def body(self) -> bytes:
+        return to_json(self.error_response())
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> "OpenAIError":
+        from minivllm.engine.exceptions import EngineDeadError
+        if isinstance(exc, OpenAIError):
+            return exc
+        if isinstance(exc, EngineDeadError):
+            return cls(f"the engine is dead: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR,
+                       "InternalServerError")
+        if isinstance(exc, (ValueError, TypeError, OverflowError)):
+            return cls(str(exc))
+        return cls(f"{type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR,
+                   "InternalServerError")
+
+
+def validation_error(exc: pydantic.ValidationError) -> OpenAIError:
+    """A body that is not JSON, or a field of the wrong type or range: 400, naming the field."""
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {}
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    if first.get("type") == "json_invalid":
+        return OpenAIError(f"the body is not valid JSON: {first.get('msg')}", param=None)
+    parts = [f"{'.'.join(map(str, e.get('loc', ()))) or 'body'}: {e.get('msg')}"
+             for e in errors[:3]]
+    return OpenAIError(f"{len(errors)} validation error{'s' * (len(errors) != 1)}: "
+                       + "; ".join(parts), param=param)
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(body: Any) -> bytes:
+    """One server-sent event."""
+    with tracing.span("sse_write"):
+        return b"data: " + to_json(body) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+
+
+class OpenAIServing:
+    def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics) -> None:
+        self.engine = engine  # AsyncLLM
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.config.max_model_len
+        self.vocab_size: int = engine.config.model_config.vocab_size
+        self.served_model_names = served_model_names
+        self.metrics = metrics
+
+    def check_model(self, request: SamplingFields) -> str:
+        """The model name to echo back; 404 for a name this server does not serve."""
+        if request.model is None or request.model in self.served_model_names:
+            return self.served_model_names[0]
+        raise OpenAIError(f"The model `{request.model}` does not exist; this server serves "
+                          f"{self.served_model_names}", HTTPStatus.NOT_FOUND, "NotFoundError",
+                          "model")
+
+    def check_prompt(self, token_ids: list[int], max_tokens: int | None,
+                     what: str = "messages") -> int:
+        """400 for a prompt the context cannot hold; returns max_tokens (default: the rest)."""
+        n = len(token_ids)
+        if n == 0:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        if n >= self.max_model_len:
+            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, your request has {n} input tokens. Please "
+                              f"reduce the length of the input {what}.", param="input_tokens")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise OpenAIError(f"token ids must be in [0, {self.vocab_size})", param="prompt")
+        if max_tokens is None:
+            return self.max_model_len - n
+        if n + max_tokens > self.max_model_len:
+            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, you requested {n + max_tokens} tokens ({n} in "
+                              f"the {what}, {max_tokens} in the completion). Please reduce the "
+                              f"length of the {what} or completion.", param="max_tokens")
+        return max_tokens
+
+    @staticmethod
+    def sampling_params(request: SamplingFields, max_tokens: int, choice: int) -> SamplingParams:
+        """Choice i of n gets seed + i, so seeded choices are repeatable and still differ."""
+        seed = request.seed
+        if seed is not None and seed != -1 and choice:  # -1: vLLM's "no seed"
+            seed = seed + choice if seed + choice <= SEED_MAX else seed - choice
+        return SamplingParams(
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=request.top_k or 0, seed=seed, max_tokens=max_tokens,
+            stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
+            ignore_eos=request.ignore_eos)
+
+    async def generate(self, token_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncGenerator[RequestOutput, None]:
+        """AsyncLLM.generate, timed for /metrics (TTFT, ITL, e2e, token counters)."""
+        start = last = time.perf_counter()
+        prompt = np.asarray(token_ids, dtype=np.int32)
+        num_prev = 0
+        async for out in self.engine.generate(prompt, params, request_id):
+            now = time.perf_counter()
+            num = len(out.outputs[0].token_ids)
+            if num > num_prev:
+                self.metrics.observe_tokens(num_prev == 0, now - last, now - start, num - num_prev)
+                num_prev, last = num, now
+            if out.finished:
+                self.metrics.observe_finished(len(token_ids), num, now - start)
+            yield out
+
+    def fan_out(self, prompts: list[list[int]], request: SamplingFields, max_tokens: list[int],
+                request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """One engine request per (prompt, choice): choice index = prompt * n + choice."""
+        gens = [self.generate(ids, self.sampling_params(request, mt, j), f"{request_id}-{i}-{j}")
+                for i, (ids, mt) in enumerate(zip(prompts, max_tokens))
+                for j in range(request.n)]
+        return merge_async_iterators(gens)
+
+
+async def merge_async_iterators(gens: list[AsyncGenerator[Any, None]]
+                                ) -> AsyncGenerator[tuple[int, Any], None]:
+    """Items of several async generators as they come, tagged with the generator's index.
+    Leaving early (or being cancelled) closes every generator, which aborts its request."""
+    if len(gens) == 1:  # the usual n=1: no tasks, no queue
+        try:
+            async for item in gens[0]:
+                yield 0, item
+        finally:
+            await gens[0].aclose()
+        return
+    pending = {asyncio.ensure_future(g.__anext__()): i for i, g in enumerate(gens)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(gens[i].__anext__())] = i
+                yield i, item
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for g in gens:
+            await g.aclose()

@@ -1,0 +1,224 @@
+"""`minivllm serve [MODEL]`: the OpenAI-compatible server, in vLLM's process layout.
+
+    minivllm serve                          # SmolLM2-135M-Instruct on 127.0.0.1:8000
+    minivllm serve /path/to/hf_dir -tp 2 --port 8001 --api-key secret
+
+One API server (the default): this process is the API server; AsyncLLM starts the engine core
+(and, with -tp > 1, its workers). Several (--api-server-count N > 1, or -dp M > 1, whose default
+is M API servers as in vLLM, vllm/entrypoints/cli/serve.py:124-125): this process stays as the
+launcher (vllm/entrypoints/cli/serve.py:151-152). It binds the listening socket, starts the
+engine cores for N clients (launch_core_engines), then spawns N API server processes that share
+the one socket: the kernel hands each new connection to whichever process accepts first
+(vLLM: run_multi_api_server, vllm/entrypoints/cli/serve.py:269, and APIServerProcessManager,
+vllm/v1/utils.py:167; vLLM's NoSignalServer, vllm/entrypoints/launchers/launcher.py:47-139,
+adds a least-loaded accept that minivllm leaves out). Each API server is one client of every
+engine core, with its own client_index.
+
+--host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from minivllm.utils import tracing
+from minivllm.utils.process_count import serve_process_count
+from minivllm.utils.resource_names import private_dir
+
+DEFAULT_PORT = 8000
+API_SERVER_READY_TIMEOUT_S = 120.0  # an API server connects to running engines: seconds
+STOP_POLL_S = 0.2  # how often an API server process checks for its launcher's stop request
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minivllm serve", description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default=None,
+                   help="a .gguf file or a Hugging Face directory (default: the bundled "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; vLLM's default binds all "
+                        "interfaces, 0.0.0.0)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--api-server-count", type=int, default=None,
+                   help="API server processes sharing the port (default: the DP size)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--api-key", default=os.environ.get("MINIVLLM_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="names clients use for the model (default: the model's file name)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="write a Chrome/Perfetto trace of every process to FILE at exit")
+    return p
+
+
+def engine_config(args: argparse.Namespace) -> Any:
+    """EngineConfig from the flags; a flag left unset keeps the config's default."""
+    from minivllm.engine.config import EngineConfig
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype}
+    for name, value in (("max_num_seqs", args.max_num_seqs),
+                        ("max_model_len", args.max_model_len),
+                        ("tensor_parallel_size", args.tensor_parallel_size),
+                        ("data_parallel_size", args.data_parallel_size)):
+        if value is None or (value == 1 and name.endswith("parallel_size")):
+            continue
+        if name not in fields:
+            raise SystemExit(f"minivllm serve: this build of the engine has no {name} yet")
+        kwargs[name] = value
+    return EngineConfig(**kwargs)
+
+
+def served_names(args: argparse.Namespace, model_path: str) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    return [os.path.basename(os.path.normpath(model_path))]
+
+
+async def run_api_server(args: argparse.Namespace, sock: socket.socket,
+                         client_addresses: dict | None = None, client_index: int = 0,
+                         on_ready: Any = None) -> int:
+    """One API server: AsyncLLM (own engines, or the launcher's), the app, uvicorn on `sock`."""
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.api_server import build_app, serve_http
+
+    tracing.set_process_name(f"MINIVLLM::APIServer_{client_index}")
+    config = engine_config(args)
+    if client_addresses is None:
+        engine = AsyncLLM(config)
+    else:
+        engine = AsyncLLM(config, client_addresses=client_addresses, client_index=client_index)
+    try:
+        app = build_app(engine, served_names(args, config.model), args.api_key)
+        return await serve_http(app, sock, engine,
+                                on_started=on_ready and (lambda: on_ready(config)))
+    finally:
+        engine.shutdown()
+
+
+def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
+    """Where the server listens, and its processes next to chapter 01's formula."""
+    import psutil
+    names = served_names(args, config.model)
+    print(f"minivllm serve: listening on http://{args.host}:{args.port}/v1 "
+          f"(model {config.model}, served as {names[0]!r})", flush=True)
+    me = psutil.Process()
+    procs = [me] + [p for p in me.children(recursive=True)
+                    if "resource_tracker" not in " ".join(p.cmdline())]
+    expected = serve_process_count(tp=args.tensor_parallel_size, dp=args.data_parallel_size,
+                                   api_server_count=api_servers)
+    launcher = " + 1 launcher (this process)" if api_servers > 1 else ""
+    print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}"
+          f"{launcher}", flush=True)
+    for p in procs:
+        title = " ".join(p.cmdline())[:70]
+        print(f"  pid {p.pid:>7}  {title}", flush=True)
+
+
+def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
+                    client_addresses: dict, client_index: int) -> None:
+    """The target of one API server process (launched with minivllm.utils.mp.launch)."""
+    import asyncio
+
+    import uvloop
+
+    async def main() -> int:
+        async def watch_stop() -> None:
+            while not link.should_stop():
+                await asyncio.sleep(STOP_POLL_S)
+            os.kill(os.getpid(), signal.SIGTERM)  # serve_http's handler: a graceful exit
+        watcher = asyncio.create_task(watch_stop())
+        try:
+            return await run_api_server(args, sock, client_addresses, client_index,
+                                        on_ready=lambda config: link.ready())
+        finally:
+            watcher.cancel()
+    code = uvloop.run(main())
+    tracing.flush()
+    if code:
+        sys.exit(code)
+
+
+def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: int) -> int:
+    """The launcher: engine cores for `count` clients, then `count` API server processes."""
+    from minivllm.engine.utils import launch_core_engines
+    from minivllm.utils.mp import launch
+
+    config = engine_config(args)
+    spawn = multiprocessing.get_context("spawn")  # vLLM's API servers always spawn
+    with launch_core_engines(config, num_api_servers=count) as (_engine_manager, addresses):
+        servers = []
+        try:
+            for i in range(count):
+                client = {"input_address": addresses.inputs[i],
+                          "output_address": addresses.outputs[i]}
+                servers.append(launch(api_server_proc, f"APIServer_{i}",
+                                      args=(args, sock, client, i), context=spawn,
+                                      ready_timeout=API_SERVER_READY_TIMEOUT_S))
+            announce(args, config, count)
+            return wait_for_first_exit(servers)
+        finally:
+            for handle in servers:
+                handle.shutdown()
+
+
+def wait_for_first_exit(servers: list[Any]) -> int:
+    """Block until an API server exits or SIGINT/SIGTERM arrives; the rest are then stopped."""
+    stop_r, stop_w = os.pipe()
+    old = {sig: signal.signal(sig, lambda *_: os.write(stop_w, b"x"))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ready = multiprocessing.connection.wait([h.sentinel for h in servers] + [stop_r])
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        os.close(stop_r)
+        os.close(stop_w)
+    if stop_r in ready:
+        return 0
+    dead = [h for h in servers if not h.is_alive()]
+    for h in dead:
+        print(f"minivllm serve: {h.name} exited with code {h.process.exitcode}; stopping the "
+              f"rest", file=sys.stderr, flush=True)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvloop
+
+    from minivllm.entrypoints.openai.api_server import create_server_socket
+
+    args = make_parser().parse_args(argv)
+    count = args.api_server_count or args.data_parallel_size
+    if count < 1:
+        raise SystemExit("minivllm serve: --api-server-count must be at least 1")
+    trace_dir = None
+    if args.trace:
+        trace_dir = private_dir("trace")
+        os.environ[tracing.TRACE_DIR_ENV] = trace_dir  # before any process starts
+    sock = create_server_socket(args.host, args.port)
+    try:
+        if count > 1:
+            return run_multi_api_server(args, sock, count)
+        return uvloop.run(run_api_server(
+            args, sock, on_ready=lambda config: announce(args, config, 1)))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close()
+        if trace_dir is not None:
+            tracing.flush()
+            n = tracing.merge(trace_dir, args.trace)
+            print(f"minivllm serve: wrote {n} trace events to {args.trace} "
+                  f"(open it in ui.perfetto.dev)", flush=True)
