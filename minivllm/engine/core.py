@@ -11,13 +11,13 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
-from minivllm.executor.uniproc_executor import UniProcExecutor
+from minivllm.executor.abstract import Executor
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_executor = UniProcExecutor(config)
+        self.model_executor = Executor.get_class(config)(config)
         self.model_executor.initialize_kv_cache(config.num_kv_blocks)
         self.scheduler = Scheduler(config)
 

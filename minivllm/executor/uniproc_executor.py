@@ -1,7 +1,9 @@
 """One worker, in the engine core's own process: every call is a method call.
-In vLLM: vllm/v1/executor/uniproc_executor.py:51."""
+In vLLM: vllm/v1/executor/uniproc_executor.py:51 (collective_rpc at :90)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.executor.abstract import Executor
@@ -14,8 +16,13 @@ class UniProcExecutor(Executor):
         self.driver_worker.init_device()
         self.driver_worker.load_model()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.driver_worker.initialize_kv_cache(num_blocks)
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list[Any]:
+        """The one worker's result in a list; timeout is ignored (a method call cannot be
+        abandoned halfway)."""
+        if method.startswith("_") or not callable(getattr(self.driver_worker, method, None)):
+            raise AttributeError(f"Worker has no public method {method!r}")
+        return [getattr(self.driver_worker, method)(*args, **(kwargs or {}))]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.driver_worker.execute_model(scheduler_output)

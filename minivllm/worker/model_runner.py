@@ -56,6 +56,8 @@ class ModelRunner:
             last = new_starts[rows + 1] - 1  # each sampled row's last token; increasing
             logits = self.model.compute_logits(
                 hidden if last.size == len(hidden) else hidden[torch.from_numpy(last)])
+            if logits is None:  # a tensor-parallel rank that is not the output rank
+                return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
             orig = order[rows]
             tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
                 so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))

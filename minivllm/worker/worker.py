@@ -1,27 +1,48 @@
 """A Worker owns one device's share of the model: the ModelRunner and its KV cache.
 
-With one worker it is an object inside the engine core process (UniProcExecutor); with tensor
-parallelism each worker will live in its own process (WorkerProc) and receive the same
-SchedulerOutput by broadcast. In vLLM: vllm/v1/worker/gpu_worker.py:197.
+With one worker it is an object inside the engine core process (UniProcExecutor); with the
+"mp" executor each worker lives in its own process (WorkerProc, worker_proc.py), receives the
+same SchedulerOutput by broadcast, and holds 1 / N of every layer (tensor parallelism).
+Every public method here can be called on all workers at once with
+`executor.collective_rpc(name, args)`. In vLLM: vllm/v1/worker/gpu_worker.py:197.
 """
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import torch
 
+from minivllm.distributed import parallel_state
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
 
 
+def default_num_threads(world_size: int) -> int | None:
+    """torch threads per worker: the cores this process may use, shared by the ranks (3 ranks
+    on 2 cores get one each: more threads than cores would make the ranks fight for them)."""
+    if world_size == 1:
+        return None  # torch's default: every core
+    return max(1, len(os.sched_getaffinity(0)) // world_size)
+
+
 class Worker:
-    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, rank: int = 0,
+                 distributed_init_method: str | None = None) -> None:
         self.config, self.rank = config, rank
+        self.distributed_init_method = distributed_init_method
         self.model_runner = ModelRunner(config)
 
     def init_device(self) -> None:
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
+        world = self.config.tensor_parallel_size
+        threads = self.config.num_threads or default_num_threads(world)
+        if threads:
+            torch.set_num_threads(threads)
+        if world > 1:
+            parallel_state.init_distributed_environment(self.rank, world,
+                                                        self.distributed_init_method)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -33,6 +54,16 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
 
+    def score(self, token_ids: list[int]) -> np.ndarray | None:
+        """Logits (n, vocab) at every position of one sequence (on the output rank; None on
+        the others): what tests compare across tensor-parallel sizes."""
+        logits = self.model_runner.model.score(token_ids, self.config.block_size)
+        return None if logits is None else logits.numpy()
+
+    def get_num_threads(self) -> int:
+        return torch.get_num_threads()
+
     def shutdown(self) -> None:
         self.model_runner.kv_caches = []
         self.model_runner.model = None
+        parallel_state.destroy_distributed_environment()

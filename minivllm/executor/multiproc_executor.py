@@ -1,0 +1,269 @@
+"""MultiprocExecutor: the engine core's side of N worker processes (vLLM's
+vllm/v1/executor/multiproc_executor.py:125).
+
+    engine core process                                  worker processes (WorkerProc)
+    MultiprocExecutor ──rpc_broadcast_mq (1 writer, N readers, shm ring)──> rank 0 .. N-1
+                      <──response_mqs[r]: MessageQueue(1, 1), created by rank r──
+                      ── ready pipe / death pipe per worker (utils/mp.launch) ──
+                      monitor thread: wait(sentinels)
+
+- One broadcast queue carries every call (vLLM :178); each worker creates its own reply queue
+  and sends its handle through the ready pipe (:725, :887-922).
+- execute_model waits for the output rank's reply only (:406-417, :492-498); collective_rpc
+  waits for every rank, with one deadline for the whole call, and names the rank that failed.
+- A monitor thread waits on the workers' sentinels (:364-398). When one dies, it first fails
+  every pending wait (shuts the queues down), then calls the failure callback (the engine core
+  reports itself dead), and only then stops the other workers. vLLM shuts down first (which
+  waits up to VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then 4 s after SIGTERM) and calls back
+  after, so its caller can wait ~9 s to hear of the death.
+- shutdown() escalates for all workers at once (:559-643): ask (b"stop" on the death pipes),
+  wait, SIGTERM, wait, SIGKILL; then it unlinks by name the reply rings and ipc files of
+  workers that were killed before they could.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from minivllm.distributed.parallel_state import get_open_port
+from minivllm.distributed.shm_broadcast import Handle, MessageQueue, QueueShutdown
+from minivllm.distributed.spin_condition import BUSY_LOOP_S
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.executor.abstract import Executor, FailureCallback
+from minivllm.executor.messages import ExecuteModel, RPCCall, RPCError, RPCResponse
+from minivllm.serial import MsgpackDecoder
+from minivllm.utils.mp import STOP_GRACE_S, TERM_GRACE_S, ProcHandle, launch
+from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files, worker_main
+
+logger = logging.getLogger(__name__)
+
+INIT_TIMEOUT_S = 300.0  # init_device + load_model on every rank; 3 ranks on 2 cores are slow
+EXECUTE_MODEL_TIMEOUT_S = 300.0  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS default
+# Workers spin on the broadcast ring this long after each step before they sleep in poll.
+# With more ranks than cores a spinning rank takes the core the engine core needs to schedule
+# the next step, so the window shrinks to what covers the gap between two steps.
+OVERSUBSCRIBED_SPIN_S = 0.002
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died: the executor cannot run another step."""
+
+
+@dataclass
+class WorkerProcHandle:
+    rank: int
+    proc: ProcHandle
+    response_handle: Handle
+    response_mq: MessageQueue
+
+
+@dataclass
+class StepBreakdown:
+    """Where one execute_model call's time went, in seconds (the output rank's view)."""
+    broadcast: float  # enqueue start -> the output rank has the step
+    forward: float  # the model, collectives excluded
+    collective: float  # all-reduce and gather
+    reply: float  # the output rank enqueues -> the executor has the reply
+    total: float
+
+
+class MultiprocExecutor(Executor):
+    def _init_executor(self) -> None:
+        self.world_size = self.config.tensor_parallel_size
+        self.output_rank = 0  # the rank whose reply execute_model waits for (vLLM :649)
+        self.workers: list[WorkerProcHandle] = []
+        self.failure_callback: FailureCallback | None = None
+        self.is_failed, self.failure = False, ""
+        self.shutting_down = False
+        self.last_step: StepBreakdown | None = None
+        self._call_ids = itertools.count()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        oversubscribed = self.world_size >= len(os.sched_getaffinity(0))
+        self.rpc_broadcast_mq = MessageQueue(
+            self.world_size, self.world_size,
+            busy_loop_s=OVERSUBSCRIBED_SPIN_S if oversubscribed else BUSY_LOOP_S)
+        try:
+            self._start_workers()
+            self._start_worker_monitor()
+            self.collective_rpc("init_device", timeout=INIT_TIMEOUT_S)
+            self.collective_rpc("load_model", timeout=INIT_TIMEOUT_S)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_workers(self) -> None:
+        init_method = f"tcp://127.0.0.1:{get_open_port()}"  # rank 0 hosts the rendezvous
+        handle = self.rpc_broadcast_mq.export_handle()
+        decoder = MsgpackDecoder(RPCResponse)
+        for rank in range(self.world_size):
+            proc = launch(worker_main, f"Worker_TP{rank}", ready_timeout=READY_TIMEOUT_S,
+                          args=(self.config, rank, handle, init_method))
+            mq = MessageQueue.create_from_handle(proc.ready_message, 0, decoder=decoder)
+            self.workers.append(WorkerProcHandle(rank, proc, proc.ready_message, mq))
+        self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
+        for w in self.workers:
+            w.response_mq.wait_until_ready(READY_TIMEOUT_S)
+
+    # --- calls ---------------------------------------------------------------------------
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None, unique_reply_rank: int | None = None
+                       ) -> list[Any]:
+        """worker.<method>(*args, **kwargs) on every rank; the results by rank (only
+        unique_reply_rank's, in a list of one, when given). One deadline for the whole call."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        call = RPCCall(next(self._call_ids), method, list(args), kwargs or {}, unique_reply_rank)
+        self._broadcast(call, deadline, method)
+        ranks = range(self.world_size) if unique_reply_rank is None else [unique_reply_rank]
+        replies = [self._wait_reply(r, call.call_id, deadline, method, timeout) for r in ranks]
+        for reply in replies:
+            if isinstance(reply, RPCError):
+                raise RuntimeError(f"collective_rpc({method!r}) failed on worker "
+                                   f"{self._who(reply.rank)}:\n{reply.error}")
+        return [reply.result for reply in replies]
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        start = time.perf_counter()
+        deadline = time.monotonic() + EXECUTE_MODEL_TIMEOUT_S
+        call = ExecuteModel(next(self._call_ids), self.output_rank, scheduler_output)
+        self._broadcast(call, deadline, "execute_model")
+        reply = self._wait_reply(self.output_rank, call.call_id, deadline, "execute_model",
+                                 EXECUTE_MODEL_TIMEOUT_S)
+        end = time.perf_counter()
+        if isinstance(reply, RPCError):
+            raise RuntimeError(f"execute_model failed on worker {self._who(reply.rank)}:\n"
+                               f"{reply.error}")
+        t = reply.timing
+        self.last_step = StepBreakdown(t.received - start, t.forward_s - t.collective_s,
+                                       t.collective_s, end - t.sent, end - start)
+        return reply.output
+
+    def _broadcast(self, message: Any, deadline: float | None, what: str) -> None:
+        self._check_alive(what)
+        try:
+            self.rpc_broadcast_mq.enqueue(message, _remaining(deadline))
+        except QueueShutdown:
+            raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}") \
+                from None
+
+    def _wait_reply(self, rank: int, call_id: int, deadline: float | None, what: str,
+                    timeout: float | None) -> Any:
+        mq = self.workers[rank].response_mq
+        while True:
+            try:
+                reply = mq.dequeue(_remaining(deadline))
+            except TimeoutError:
+                raise TimeoutError(f"{what}: worker {self._who(rank)} did not reply within "
+                                   f"{timeout:g} s (the deadline of the whole call): it is "
+                                   "stuck or very slow; see its log above") from None
+            except QueueShutdown:
+                raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}"
+                                      ) from None
+            if reply.call_id == call_id:
+                return reply
+            # a late reply to an earlier call whose caller timed out: not ours, drop it
+
+    def _check_alive(self, what: str) -> None:
+        if self.is_failed or self.shutting_down:
+            raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}")
+
+    def _who(self, rank: int) -> str:
+        return f"{rank} (pid {self.workers[rank].proc.pid})"
+
+    # --- failures ------------------------------------------------------------------------
+    def register_failure_callback(self, callback: FailureCallback) -> None:
+        if self.is_failed:
+            callback()
+        else:
+            self.failure_callback = callback
+
+    def _start_worker_monitor(self) -> None:
+        self_ref, workers = weakref.ref(self), list(self.workers)
+
+        def monitor_workers() -> None:
+            by_sentinel = {w.proc.sentinel: w for w in workers}
+            died = multiprocessing.connection.wait(list(by_sentinel))
+            executor = self_ref()
+            if executor is not None and not executor.shutting_down:
+                executor._on_worker_death(by_sentinel[died[0]])
+
+        threading.Thread(target=monitor_workers, daemon=True, name="MultiprocWorkerMonitor").start()
+
+    def _on_worker_death(self, dead: WorkerProcHandle) -> None:
+        dead.proc.process.join(1.0)
+        code = dead.proc.process.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        self.failure = (f"worker {self._who(dead.rank)} died ({how}); the engine cannot run "
+                        "another step. See the worker's log above")
+        self.is_failed = True
+        logger.error(self.failure)
+        # 1. nobody stays blocked: every pending enqueue and dequeue raises QueueShutdown
+        self.rpc_broadcast_mq.shutdown()
+        for w in self.workers:
+            w.response_mq.shutdown()
+        # 2. tell the engine core (it reports itself dead to its clients)
+        callback, self.failure_callback = self.failure_callback, None
+        if callback is not None:
+            callback()
+        # 3. only now the slow part: stop the survivors, remove what the dead one left
+        self._stop_workers()
+
+    # --- shutdown ------------------------------------------------------------------------
+    def _stop_workers(self) -> None:
+        """Ask, wait, SIGTERM, wait, SIGKILL, for all workers at once; then unlink the
+        rings and ipc files of any that died before removing their own. Idempotent."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            procs = [w.proc for w in self.workers]
+            for p in procs:
+                p.request_stop()
+            for grace, escalate in ((STOP_GRACE_S, "terminate"), (TERM_GRACE_S, "kill")):
+                alive = _wait_exit(procs, grace)
+                if not alive:
+                    break
+                logger.warning("workers %s still running: %s", [p.pid for p in alive], escalate)
+                for p in alive:
+                    getattr(p.process, escalate)()
+            _wait_exit(procs, None)
+            for p in procs:
+                p.shutdown(timeout=0.0, term_timeout=0.0)  # all gone: closes the death pipes
+            for w in self.workers:
+                unlink_queue_files(w.response_handle)
+
+    def shutdown(self) -> None:
+        """Stop the workers and close the queues. Idempotent."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.rpc_broadcast_mq.shutdown()
+        for w in self.workers:
+            w.response_mq.shutdown()
+        self._stop_workers()
+        for w in self.workers:
+            w.response_mq.close()
+        self.rpc_broadcast_mq.close()
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _wait_exit(procs: list[ProcHandle], timeout: float | None) -> list[ProcHandle]:
+    """Wait until every process has exited or timeout s passed; return the live ones."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    alive = [p for p in procs if p.is_alive()]
+    while alive and (deadline is None or time.monotonic() < deadline):
+        multiprocessing.connection.wait([p.sentinel for p in alive], _remaining(deadline))
+        alive = [p for p in alive if p.is_alive()]
+    return alive
