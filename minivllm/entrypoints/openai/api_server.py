@@ -40,6 +40,7 @@ from minivllm.entrypoints.openai.serving_engine import OpenAIError, validation_e
 from minivllm.utils import tracing
 
 WATCHDOG_INTERVAL_S = 0.5  # how often the server checks that the engine is alive (vLLM: 5 s)
+DEATH_GRACE_S = 1.0  # after the engine dies: /health says 503, streams get their error event
 GRACEFUL_SHUTDOWN_S = 3  # open connections get this long to finish once the server exits
 JSON = "application/json"
 
@@ -171,7 +172,9 @@ def create_server_socket(host: str, port: int) -> socket.socket:
 async def watch_engine(server: uvicorn.Server, engine: Any) -> None:
     while not engine.errored:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
-    print("minivllm serve: the engine died; the API server exits", flush=True)
+    print(f"minivllm serve: the engine died; the API server exits in {DEATH_GRACE_S:g} s",
+          flush=True)
+    await asyncio.sleep(DEATH_GRACE_S)
     server.should_exit = True
 
 
