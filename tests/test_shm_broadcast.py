@@ -7,6 +7,7 @@ import pickle
 import random
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -272,3 +273,49 @@ def test_dequeued_arrays_do_not_alias_the_ring():
     finally:
         reader.close()
         writer.close()
+
+
+def write_mixed(handle_conn, count):
+    """A writer process: every 3rd message overflows (1 MiB), the rest are small ints."""
+    mq = MessageQueue(1, 1, max_chunk_bytes=CHUNK, max_chunks=4)
+    handle_conn.send(mq.export_handle())
+    try:
+        mq.wait_until_ready(STEP_TIMEOUT_S)
+        for i in range(count):
+            mq.enqueue(np.full(1 << 20, i % 251, np.uint8) if i % 3 == 0 else i,
+                       timeout=STEP_TIMEOUT_S)
+        handle_conn.recv()  # the reader got everything: only now may the sockets close
+    finally:
+        mq.close()
+
+
+def test_a_timeout_while_overflow_frames_are_on_the_way_loses_and_reorders_nothing():
+    """dequeue(timeout=0) often finds an overflow chunk whose 1 MiB frames have not arrived
+    yet. That timeout must leave the queue where it was: the retry returns the same message."""
+    count = 60
+    parent, child = CTX.Pipe()
+    proc = CTX.Process(target=write_mixed, args=(child, count))
+    proc.start()
+    reader = None
+    try:
+        reader = MessageQueue.create_from_handle(parent.recv(), 0)
+        reader.wait_until_ready(STEP_TIMEOUT_S)
+        got, overflow_timeouts = [], 0
+        deadline = time.monotonic() + 20  # a lost message would retry forever
+        while len(got) < count and time.monotonic() < deadline:
+            try:
+                m = reader.dequeue(timeout=0)
+            except TimeoutError as e:
+                overflow_timeouts += "overflow" in str(e)
+                continue
+            got.append(int(m[0]) if isinstance(m, np.ndarray) else m)
+        parent.send("done")
+        assert got == [i % 251 if i % 3 == 0 else i for i in range(count)]
+        assert overflow_timeouts > 0, "no timeout hit a pending overflow: the test proved nothing"
+    finally:
+        proc.join(STEP_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        if reader is not None:
+            reader.close()

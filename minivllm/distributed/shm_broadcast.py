@@ -112,6 +112,7 @@ class MessageQueue:
         self.local_socket = self.remote_socket = self.notify_socket = None
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
+        self._overflow_pending = False  # reader: an overflow chunk was read, its frames were not
         self._next_notify = float("-inf")
 
     def _xpub(self, address: str) -> zmq.Socket:
@@ -220,6 +221,8 @@ class MessageQueue:
         return self.decoder.decode(frames)
 
     def _read_local(self, timeout: float | None) -> list:
+        if self._overflow_pending:  # a timeout left this message's frames on the socket
+            return self._recv_overflow(None if timeout is None else time.monotonic() + timeout)
         idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
         deadline = None  # computed only when the reader has to wait
         frames = ring.read(idx, rank, message_chunk.unpack_from)
@@ -234,8 +237,16 @@ class MessageQueue:
         if frames is None:  # overflow: the frames come on the socket, in the same order
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
-            return self._recv(self.local_socket, deadline, "an overflow message on "
-                              + _endpoint(self.local_socket))
+            self._overflow_pending = True
+            return self._recv_overflow(deadline)
+        return frames
+
+    def _recv_overflow(self, deadline: float | None) -> list:
+        """The frames of the overflow chunk already released. A timeout here keeps the debt:
+        the next dequeue() waits for these frames first, so no message is lost or reordered."""
+        frames = self._recv(self.local_socket, deadline,
+                            "an overflow message on " + _endpoint(self.local_socket))
+        self._overflow_pending = False
         return frames
 
     def _wait_readable(self, idx: int, timeout: float | None) -> float | None:
