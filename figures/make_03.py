@@ -19,25 +19,46 @@ def box(ax, x, y, w, h, text, color):
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
 
 
-def arrow(ax, x0, y0, x1, y1, label, dy=0.12):
-    ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="->", lw=1.5))
-    ax.text((x0 + x1) / 2, (y0 + y1) / 2 + dy, label, ha="center", fontsize=8)
+def arrow(ax, x0, y0, x1, y1, color="black", style="-"):
+    ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="->", lw=1.5, color=color, linestyle=style))
+
+
+def label(ax, x, y, text, color="black", **kw):
+    ax.text(x, y, text, ha="center", fontsize=8, color=color, **kw)
+
+
+IN, OUT, COORD = "#1f4e9c", "#b35900", "#2e7d32"  # input channel, output channel, coordinator
 
 
 def main() -> None:
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    box(ax, 0.2, 1.2, 2.2, 2.4, "API server\n(front end)\n\nROUTER  (bind)\nPULL      (bind)", "#dbe9f6")
-    for i, y in enumerate((2.7, 0.5)):
-        box(ax, 6.2, y, 2.6, 1.3,
-            f"engine core, DP rank {i}\nDEALER id=b'\\x0{i}\\x00'\nPUSH", "#fde2c8")
-        arrow(ax, 2.45, 3.0 - i * 1.2, 6.15, y + 0.95,
-              f"[identity, type byte, msgpack, oob frames...]" if i == 0 else "ADD / ABORT / UTILITY")
-        arrow(ax, 6.15, y + 0.3, 2.45, 1.6 + i * 0.3 - 0.2, "EngineCoreOutputs" if i else "",
-              dy=-0.2)
-    ax.text(4.3, 0.05, "first message on each DEALER: ready (lets the ROUTER route to it)",
-            ha="center", fontsize=8, style="italic")
-    ax.set_xlim(0, 9)
-    ax.set_ylim(0, 4.2)
+    fig, ax = plt.subplots(figsize=(10, 6.0))
+    box(ax, 0.1, 1.9, 2.4, 2.9, "API server\n(front end)\n\nROUTER  (bind)\n\nPULL      (bind)\n\n"
+        "XSUB  (stats)", "#dbe9f6")
+    for i, y in enumerate((3.7, 1.7)):
+        box(ax, 7.0, y, 2.9, 1.4, f"engine core, DP rank {i}\nDEALER id=b'\\x0{i}\\x00'\n"
+            "PUSH\nXSUB  (waves)", "#fde2c8")
+    # input: the application hands the ROUTER the identity frame; the DEALER never sees it
+    arrow(ax, 2.55, 4.45, 6.95, 4.75, IN)
+    arrow(ax, 2.55, 4.3, 6.95, 2.85, IN)
+    label(ax, 4.75, 5.3, "ROUTER is given [identity, type byte, msgpack, oob frames...]", IN)
+    label(ax, 4.75, 5.12, "DEALER receives [type byte, msgpack, oob frames...]:", IN, style="italic")
+    label(ax, 4.75, 4.96, "the ROUTER uses the identity to pick the pipe, and strips it", IN, style="italic")
+    # output: every engine's PUSH into the one PULL
+    arrow(ax, 6.95, 3.9, 2.55, 3.35, OUT)
+    arrow(ax, 6.95, 2.0, 2.55, 3.2, OUT)
+    label(ax, 4.1, 2.05, "EngineCoreOutputs over PUSH -> PULL\n(fair-queued; each names its engine_index)", OUT)
+    # the DP coordinator (DP > 1)
+    box(ax, 3.5, 0.15, 2.9, 1.1, "DP coordinator (DP > 1)\nXPUB (front)   PULL   XPUB (back)", "#e2f0d9")
+    arrow(ax, 3.5, 0.8, 1.3, 1.85, COORD, "--")
+    label(ax, 2.0, 0.95, "queue lengths", COORD)
+    arrow(ax, 6.4, 0.55, 7.6, 1.65, COORD, "--")
+    label(ax, 7.9, 0.75, "START_DP_WAVE", COORD)
+    arrow(ax, 8.6, 1.65, 6.4, 1.0, COORD, "--")
+    label(ax, 7.2, 1.45, "stats", COORD)
+    label(ax, 5.0, 5.75, "first message on each DEALER: ready (lets the ROUTER route to it); XSUB peers send "
+          "b'\\x01' to subscribe, and the coordinator waits for all", style="italic")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6.0)
     ax.axis("off")
     ax.set_title("minivllm's front end <-> engine core sockets (as in vLLM V1)")
     fig.tight_layout()

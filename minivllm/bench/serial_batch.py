@@ -2,7 +2,7 @@
 
 The batch: 256 requests. Every 16th is a prefill chunk of 512 prompt tokens; the others are
 decodes of one token (after a 16-token prompt). Each request carries a block table of 8 ids.
-That is 8,432 token ids and 2,048 block ids, the batch of ../shared/BENCHMARKS.md.
+That is 8,432 token ids and 2,048 block ids; figures/reference_numbers.md has reference timings.
 
     format         what crosses the wire
     pickle_dicts   pickle of [{"request_id", "token_ids": [int], "block_ids": [int]}, ...]
