@@ -1,0 +1,333 @@
+"""The judge's tests for exercise 401. Each receives the learner's module as `lb`.
+
+The judge's engines are real DEALER sockets with the DP rank as identity: threads that only
+record what they receive and report "finished" when a test says so (so every load is known
+exactly), and, in the last test, processes that generate tokens on their own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+
+import msgspec
+import zmq
+
+from minivllm.judge.api import Fail, check_equal, test
+from minivllm.utils.zmq import IpcDir
+
+WAIT_S = 2.0  # a message between threads on one host not delivered in this long was dropped
+QUIET_S = 0.3  # how long a test listens where nothing should arrive
+
+
+def ident(rank: int) -> bytes:
+    return rank.to_bytes(2, "little")
+
+
+class JudgeEngine(threading.Thread):
+    """A passive engine: says READY, records [kind, payload] it receives, and sends
+    EngineOutputs when the test calls finish()."""
+
+    def __init__(self, ctx, address, rank, delay=0.0):
+        super().__init__(daemon=True)
+        self.ctx, self.address, self.rank, self.delay = ctx, address, rank, delay
+        self.received: list[tuple[str, object]] = []
+        self.commands: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self):
+        if self.stop.wait(self.delay):
+            return
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, ident(self.rank))
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        sock.send(b"READY")
+        try:
+            while not self.stop.is_set():
+                while not self.commands.empty():
+                    sock.send_multipart(self.commands.get())
+                if sock.poll(10):
+                    kind, *rest = sock.recv_multipart()
+                    payload = msgspec.msgpack.decode(rest[0]) if rest else None
+                    self.received.append((kind.decode(), payload))
+        finally:
+            sock.close()
+
+    def finish(self, ids, tokens=None):
+        out = {"engine_index": self.rank, "new_tokens": tokens or {},
+               "finished_requests": list(ids)}
+        self.commands.put([b"OUTPUTS", msgspec.msgpack.encode(out)])
+
+    def wait_for(self, n, timeout=WAIT_S):
+        deadline = time.monotonic() + timeout
+        while len(self.received) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.received
+
+
+class Bench:
+    """The learner's client and n passive judge engines; closes everything afterwards."""
+
+    def __init__(self, lb, n, delays=None, ready=True):
+        self.ctx, self.d = zmq.Context(), IpcDir()
+        self.address = self.d.path("in")
+        self.client = lb.DPLBClient(self.address, n)
+        self.engines = [JudgeEngine(self.ctx, self.address, r, (delays or [0] * n)[r])
+                        for r in range(len(delays or [0] * n))]
+        if ready:
+            check_equal(self.client.wait_ready(10), list(range(n)), "wait_ready()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for e in self.engines:
+            e.stop.set()
+            e.join(2)
+        try:
+            self.client.close()
+        finally:
+            self.ctx.term()
+            self.d.close()
+
+    def adds(self) -> list[list[str]]:
+        """Per engine, the ids of the ADDs it received so far."""
+        return [[p["request_id"] for k, p in e.received if k == "ADD"] for e in self.engines]
+
+    def settle(self, engine_counts):
+        for e, n in zip(self.engines, engine_counts):
+            e.wait_for(n)
+
+    def finished(self, rank, ids):
+        """Engine `rank` reports ids finished; the client must take that output."""
+        self.engines[rank].finish(ids)
+        outs = self.client.poll_outputs(WAIT_S)
+        got = [r for o in outs for r in o.finished_requests]
+        if got != list(ids):
+            raise Fail(f"poll_outputs({WAIT_S:g}) after engine {rank} reported {ids} finished",
+                       expected=ids, got=got)
+
+
+@test(input="3 engines, identities b'\\x00\\x00', b'\\x01\\x00', b'\\x02\\x00', connecting 0.2, "
+            "0.4, 0.6 s late; then only 2 of 3 engines and wait_ready(0.8)", timeout=20)
+def ready_and_timeout(lb):
+    check_equal(lb.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
+                                                      "endian, as vllm/v1/engine/core.py:1191)")
+    with Bench(lb, 3, [0.2, 0.4, 0.6]):
+        pass
+    with Bench(lb, 3, [0, 0], ready=False) as b:
+        try:
+            got = b.client.wait_ready(0.8)
+        except TimeoutError as e:
+            if "[2]" not in str(e):
+                raise Fail("the TimeoutError must list the ranks that did not send READY",
+                           expected="... [2] ...", got=str(e))
+            return
+        raise Fail("wait_ready(0.8) must raise TimeoutError when engine 2 never says READY",
+                   got=got)
+
+
+@test(input="3 idle engines; add_request r0..r5 (max_tokens 8)")
+def spreads_when_idle(lb):
+    with Bench(lb, 3) as b:
+        ranks = [b.client.add_request(f"r{i}", 8) for i in range(6)]
+        check_equal(ranks, [0, 1, 2, 0, 1, 2],
+                    "the engines chosen for 6 requests on idle engines (the fewest in flight; "
+                    "ties go to the first from a start index that moves on by one per request)")
+        b.settle([2, 2, 2])
+        check_equal(b.adds(), [["r0", "r3"], ["r1", "r4"], ["r2", "r5"]],
+                    "the ADDs each engine received (frames [identity, b'ADD', msgpack "
+                    "AddRequest])")
+        first = b.engines[0].received[0]
+        check_equal(first, ("ADD", {"request_id": "r0", "max_tokens": 8}),
+                    "the first message engine 0 received (kind, decoded payload)")
+        check_equal(b.client.load(), [2, 2, 2], "load() after 6 requests")
+
+
+@test(input="3 engines hold 2 requests each; engine 1 finishes both; then r6, r7, r8")
+def least_loaded_after_finish(lb):
+    with Bench(lb, 3) as b:
+        for i in range(6):
+            b.client.add_request(f"r{i}", 8)
+        b.settle([2, 2, 2])
+        b.finished(1, ["r1", "r4"])
+        check_equal(b.client.load(), [2, 0, 2],
+                    "load() after engine 1 reported r1 and r4 finished")
+        ranks = [b.client.add_request(f"r{i}", 8) for i in range(6, 9)]
+        check_equal(ranks, [1, 1, 2],
+                    "the engines chosen for r6, r7, r8 with loads [2, 0, 2] (r6 and r7 go to "
+                    "the least loaded; r8 meets a tie [2, 2, 2] scanned from start index 2)")
+        check_equal(b.client.load(), [2, 2, 3], "load() after r6, r7, r8")
+        check_equal(b.client.reqs_in_flight,
+                    {"r0": 0, "r2": 2, "r3": 0, "r5": 2, "r6": 1, "r7": 1, "r8": 2},
+                    "reqs_in_flight (finished requests leave it)")
+
+
+@test(input="add_request(engine=2) x2 on 3 idle engines, then one without engine; engine=3; "
+            "an id already in flight")
+def explicit_engine_and_bad_input(lb):
+    with Bench(lb, 3) as b:
+        got = [b.client.add_request("a", 4, engine=2), b.client.add_request("b", 4, engine=2),
+               b.client.add_request("c", 4)]
+        check_equal(got, [2, 2, 0], "add_request(engine=2), again, then without engine")
+        check_equal(b.client.load(), [1, 0, 2], "load() (a request sent to a named engine "
+                                                "counts on that engine)")
+        for args, kw, why in [(("d", 4), {"engine": 3}, "engine 3 of 3"),
+                              (("a", 4), {}, "id 'a' already in flight")]:
+            try:
+                got = b.client.add_request(*args, **kw)
+            except ValueError:
+                continue
+            raise Fail(f"add_request must raise ValueError for {why}", got=got)
+        check_equal(b.client.load(), [1, 0, 2], "load() after the refused requests")
+
+
+@test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0']) after engine 0 finished r0; "
+            "then the engines report the aborted ones finished")
+def abort_follows_request(lb):
+    with Bench(lb, 3) as b:
+        for i in range(6):
+            b.client.add_request(f"r{i}", 8)
+        b.settle([2, 2, 2])
+        b.finished(0, ["r0"])
+        b.client.abort(["r1", "r5", "nope", "r0"])
+        b.settle([2, 3, 3])
+        time.sleep(QUIET_S)
+        aborts = [[p for k, p in e.received if k == "ABORT"] for e in b.engines]
+        check_equal(aborts, [[], [["r1"]], [["r5"]]],
+                    "the ABORTs each engine received: each id goes only to the engine that "
+                    "holds it; ids not in flight (finished r0, unknown 'nope') go nowhere")
+        check_equal(b.client.load(), [1, 2, 2],
+                    "load() after abort() (an aborted request stays in flight until its engine "
+                    "reports it finished)")
+        b.finished(1, ["r1"])
+        b.finished(2, ["r5"])
+        check_equal(b.client.load(), [1, 1, 1], "load() after the aborted requests finished")
+        check_equal(sorted(b.client.reqs_in_flight), ["r2", "r3", "r4"], "reqs_in_flight")
+
+
+# --- real engine processes ---------------------------------------------------------------------
+def _engine_process(address, rank, interval, report):
+    """An engine that emits one token per request every `interval` s; finishes at max_tokens;
+    answers an ABORT by finishing the ids it holds. Reports what it saw on `report` at exit."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, ident(rank))
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(address)
+    sock.send(b"READY")
+    running: dict[str, list[int]] = {}
+    stats = {"added": [], "aborted": [], "misrouted_aborts": [], "max_running": 0}
+    max_tokens: dict[str, int] = {}
+    try:
+        while True:
+            finished: list[str] = []
+            if sock.poll(int(interval * 1000)):
+                kind, *rest = sock.recv_multipart()
+                if kind == b"STOP":
+                    return
+                payload = msgspec.msgpack.decode(rest[0])
+                if kind == b"ADD":
+                    running[payload["request_id"]] = []
+                    max_tokens[payload["request_id"]] = payload["max_tokens"]
+                    stats["added"].append(payload["request_id"])
+                elif kind == b"ABORT":
+                    for rid in payload:
+                        if rid in running:
+                            del running[rid]
+                            finished.append(rid)
+                            stats["aborted"].append(rid)
+                        elif rid not in stats["added"]:  # not merely finished already
+                            stats["misrouted_aborts"].append(rid)
+            stats["max_running"] = max(stats["max_running"], len(running))
+            new = {}
+            for rid, toks in list(running.items()):
+                toks.append(len(toks))
+                new[rid] = [toks[-1]]
+                if len(toks) >= max_tokens[rid]:
+                    del running[rid]
+                    finished.append(rid)
+            if new or finished:
+                sock.send_multipart([b"OUTPUTS", msgspec.msgpack.encode(
+                    {"engine_index": rank, "new_tokens": new, "finished_requests": finished})])
+    finally:
+        report.send(stats)
+        sock.close()
+        ctx.term()
+
+
+@test(input="3 engine processes (engine 0 four times slower); 60 requests of 3..12 tokens added "
+            "while outputs stream; every 5th aborts an earlier one; run until all finish; "
+            "shutdown()", timeout=60)
+def end_to_end(lb):
+    with IpcDir() as d:
+        address = d.path("in")
+        mpc = mp.get_context("fork")  # forked before this process makes any ZMQ context
+        pipes = [mpc.Pipe(duplex=False) for _ in range(3)]
+        procs = [mpc.Process(target=_engine_process, args=(address, r, 0.02 if r == 0 else 0.005,
+                                                           pipes[r][1]), daemon=True)
+                 for r in range(3)]
+        for p in procs:
+            p.start()
+        client = lb.DPLBClient(address, 3)
+        try:
+            _drive(client, pipes)
+        finally:
+            for p in procs:
+                p.join(1)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            client.close()
+
+
+def _drive(client, pipes):
+    check_equal(client.wait_ready(10), [0, 1, 2], "wait_ready()")
+    tokens: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    routed: dict[str, int] = {}
+    aborted: set[str] = set()
+    for i in range(60):
+        rid = f"q{i}"
+        loads = client.load()
+        routed[rid] = client.add_request(rid, 3 + i % 10)
+        if loads[routed[rid]] != min(loads):
+            raise Fail(f"{rid} went to engine {routed[rid]}, which had {loads[routed[rid]]} in "
+                       "flight, not to one of the least loaded", input=f"load() before: {loads}")
+        if i % 5 == 4:
+            client.abort([f"q{i - 2}"])
+            aborted.add(f"q{i - 2}")
+        for out in client.poll_outputs(0.002):
+            for r, t in out.new_tokens.items():
+                tokens.setdefault(r, []).extend(t)
+            finished.update(out.finished_requests)
+    deadline = time.monotonic() + 20
+    while len(finished) < 60 and time.monotonic() < deadline:
+        for out in client.poll_outputs(0.1):
+            for r, t in out.new_tokens.items():
+                tokens.setdefault(r, []).extend(t)
+            finished.update(out.finished_requests)
+    check_equal(len(finished), 60, "requests reported finished (each exactly once by its engine)")
+    check_equal((client.reqs_in_flight, client.load()), ({}, [0, 0, 0]),
+                "(reqs_in_flight, load()) once every request finished")
+    for i in range(60):
+        rid = f"q{i}"
+        want = list(range(3 + i % 10))
+        got = tokens.get(rid, [])
+        if got != want and not (rid in aborted and got == want[:len(got)]):
+            raise Fail(f"the tokens of {rid}", expected=want, got=got)
+    client.shutdown()
+    stats = []
+    for r, (recv_end, _) in enumerate(pipes):
+        if not recv_end.poll(10):
+            raise Fail(f"engine {r} did not stop after shutdown() (send [identity, b'STOP'])")
+        stats.append(recv_end.recv())
+    for r, s in enumerate(stats):
+        check_equal(sorted(s["added"]), sorted(k for k, v in routed.items() if v == r),
+                    f"the requests engine {r} received: those add_request said it chose")
+        check_equal(s["misrouted_aborts"], [], f"aborts engine {r} received for requests it "
+                                               "never had")
