@@ -21,9 +21,8 @@ SSE body parsed by hand), several times cheaper per token than httpx or the open
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,8 +32,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
+from minivllm.entrypoints.openai.server_process import ServerProcess
 
-SERVER_START_TIMEOUT_S = 180.0  # loading the model and building the C ops on a busy machine
 SEED = 0
 
 
@@ -126,17 +125,27 @@ async def run_load(host: str, port: int, model: str, prompts: list[list[int]], o
     return list(results), wall
 
 
-def run_inproc(config, prompts: list[list[int]], output_len: int,
-               concurrency: int) -> tuple[list[RequestResult], float]:
-    """The same closed loop on an in-process engine: the baseline without HTTP or IPC."""
-    from minivllm.engine.core import EngineCore
-    from minivllm.engine.messages import EngineCoreRequest
-    from minivllm.engine.output_processor import OutputProcessor
-    from minivllm.sampling_params import SamplingParams
-    from minivllm.tokenizer import Tokenizer
+class InprocEngine:
+    """The engine in this process: EngineCore + OutputProcessor, no HTTP, no IPC."""
 
-    core = EngineCore(config.replace(max_num_seqs=max(concurrency, 1)))
-    processor = OutputProcessor(Tokenizer.from_path(config.model))
+    def __init__(self, config, max_num_seqs: int) -> None:
+        from minivllm.engine.core import EngineCore
+        from minivllm.engine.output_processor import OutputProcessor
+        from minivllm.tokenizer import Tokenizer
+        self.core = EngineCore(config.replace(max_num_seqs=max_num_seqs))
+        self.processor = OutputProcessor(Tokenizer.from_path(config.model))
+
+    def close(self) -> None:
+        self.core.shutdown()
+
+
+def run_inproc(engine: InprocEngine, prompts: list[list[int]], output_len: int,
+               concurrency: int) -> tuple[list[RequestResult], float]:
+    """The server's closed loop, on the in-process engine: the baseline."""
+    from minivllm.engine.messages import EngineCoreRequest
+    from minivllm.sampling_params import SamplingParams
+
+    core, processor = engine.core, engine.processor
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     results: dict[str, RequestResult] = {}
     sent: dict[str, float] = {}
@@ -149,7 +158,7 @@ def run_inproc(config, prompts: list[list[int]], output_len: int,
             while todo and in_flight < concurrency:
                 i, prompt = todo.pop()
                 in_flight += 1
-                rid = str(i)
+                rid = f"{id(prompts)}-{i}"
                 ids = np.asarray(prompt, np.int32)
                 core.add_request(EngineCoreRequest(rid, ids, params, arrival_time=time.time()))
                 processor.add_request(rid, None, prompt, params)
@@ -169,7 +178,8 @@ def run_inproc(config, prompts: list[list[int]], output_len: int,
                     r.e2e = now - sent[out.request_id]
                     r.output_tokens = len(out.outputs[0].token_ids)
     finally:
-        core.shutdown()
+        core.abort_requests(list(processor.request_states))
+        processor.abort_requests(list(processor.request_states))
     return list(results.values()), time.perf_counter() - start
 
 
@@ -191,46 +201,6 @@ def summarize(kind: str, concurrency: int, results: list[RequestResult], wall: f
     return row
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str | None, port: int, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "minivllm.cli", "serve", *([model] if model else []),
-           "--port", str(port), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, timeout: float) -> None:
-    import urllib.request
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"minivllm serve exited with code {proc.returncode}:\n"
-                               f"{proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"minivllm serve was not healthy within {timeout:g} s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout:
-        proc.stdout.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("serve", __doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="default: the bundled SmolLM2-135M-Instruct")
@@ -248,11 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"minivllm bench serve: model {config.model}; load average {load:.2f} on "
           f"{os.cpu_count()} cores (numbers are not to be trusted above ~1)")
-    port = free_port()
-    server = start_server(args.model, port, args.server_args.split())
     rows, ratios = [], {}
-    try:
-        wait_healthy(server, port, SERVER_START_TIMEOUT_S)
+    inproc_engine = InprocEngine(config, max(args.max_concurrency))
+    with contextlib.closing(inproc_engine), ServerProcess([*([args.model] if args.model else []), *args.server_args.split()]) as server:
+        port = server.port
         model_name = os.path.basename(os.path.normpath(config.model))
         for c in args.max_concurrency:
             n = args.num_prompts or 2 * c
@@ -263,13 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             results, wall = asyncio.run(run_load("127.0.0.1", port, model_name, prompts,
                                                  args.random_output_len, c, f"serve c={c}"))
             served = summarize("serve", c, results, wall, (time.process_time() - cpu0) / wall)
-            inproc = summarize("inproc", c, *run_inproc(config, prompts,
+            run_inproc(inproc_engine, prompts[:c], args.random_output_len, c)  # warm-up
+            inproc = summarize("inproc", c, *run_inproc(inproc_engine, prompts,
                                                         args.random_output_len, c))
             rows += [served, inproc]
             if inproc["out_tok_per_s"]:
                 ratios[f"serve_vs_inproc_c{c}"] = served["out_tok_per_s"] / inproc["out_tok_per_s"]
-    finally:
-        stop_server(server)
     print_table(rows, ["engine", "concurrency", "requests", "errors", "req_per_s",
                        "out_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
                        "itl_p99_ms", "e2e_p50_s", "client_cpu"])
