@@ -1,0 +1,231 @@
+"""`minivllm serve` through the official openai client: a real server subprocess on a free port,
+serving the tiny test model (chat template and all), with --api-key set.
+
+One server serves the whole module (its start is the slow part). It runs with its own resource
+prefix and temp dir, and the module checks at the end that stopping it left nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from minivllm.entrypoints.openai.server_process import ServerProcess
+from minivllm.utils.leaks import Snapshot
+from tiny_model import make_tiny_model_dir
+
+API_KEY = "test-key"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    prefix = f"minivllm-srv{os.getpid()}"
+    private = tempfile.mkdtemp(prefix=prefix + "-tmp-")
+    before = Snapshot(prefix, private_dirs=[private])
+    proc = ServerProcess([tiny_dir, "--api-key", API_KEY, "--served-model-name", "tiny"],
+                         env={"MINIVLLM_RESOURCE_PREFIX": prefix, "TMPDIR": private})
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        leaks = before.leaks()
+        shutil.rmtree(private, ignore_errors=True)
+    assert code == 0, f"the server exited with {code} on SIGTERM:\n{proc.output()[-2000:]}"
+    assert not leaks, "stopping the server left resources behind:\n" + leaks.describe()
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    match = re.search(rf"^minivllm:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert match, f"/metrics has no minivllm:{name}"
+    return float(match.group(1))
+
+
+def test_chat_whole_and_streamed_agree(client):
+    whole = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12,
+                                           temperature=0)
+    assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion"
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices]
+    assert [c.choices[0].finish_reason for c in content][-1] == choice.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in content) == choice.message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_completions_n_batch_and_no_usage_unless_asked(client):
+    out = client.completions.create(model="tiny", prompt=["The capital of", "A paged"],
+                                    max_tokens=5, n=2, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.id.startswith("cmpl-") and [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert out.choices[0].text == out.choices[1].text  # greedy: the two choices agree
+    assert out.usage.completion_tokens == 4 * 5
+    chunks = list(client.completions.create(model="tiny", prompt="The capital of",
+                                            max_tokens=5, stream=True, temperature=0,
+                                            extra_body={"ignore_eos": True}))
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason
+    assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+
+
+def test_stop_seed_and_token_prompts(client):
+    kwargs = dict(model="tiny", prompt="The capital of France is", max_tokens=16,
+                  temperature=1.0, seed=7, extra_body={"ignore_eos": True})
+    a, b = (client.completions.create(**kwargs).choices[0].text for _ in range(2))
+    assert a == b, "the same seed gave two different samples"
+    two = client.completions.create(**{**kwargs, "n": 2})
+    assert two.choices[0].text == a  # choice 0 keeps the seed, choice 1 gets seed + 1
+    if a.strip():
+        stop = a.strip()[0]
+        cut = client.completions.create(**kwargs, stop=[stop]).choices[0]
+        assert stop not in cut.text and cut.finish_reason == "stop"
+    ids = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3,
+                                    temperature=0)
+    assert ids.usage.prompt_tokens == 3
+
+
+def test_models_health_metrics_and_api_key(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server.url + "/health").status_code == 200  # no key needed off /v1
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.status_code == 401 and e.value.body["type"] == "AuthenticationError"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401
+    assert metric(server, "kv_cache_blocks_total") > 0
+    assert metric(server, "time_to_first_token_seconds_count") > 0
+
+
+def malformed_requests(long_prompt: str) -> list[tuple[str, object, int, str | None]]:
+    """(path, body, expected status, expected param): every kind of bad request."""
+    chat = "/v1/chat/completions"
+    comp = "/v1/completions"
+    msgs = MESSAGES
+    return [
+        (chat, b"{not json", 400, None),
+        (chat, b"", 400, None),
+        (comp, b"[1, 2", 400, None),
+        (comp, b"[]", 400, None),
+        (chat, {"messages": []}, 400, "messages"),
+        (chat, {}, 400, "messages"),
+        (chat, {"messages": "hello"}, 400, "messages"),
+        (chat, {"messages": msgs, "temperature": 2.5}, 400, "temperature"),
+        (chat, {"messages": msgs, "temperature": -0.1}, 400, "temperature"),
+        (chat, {"messages": msgs, "max_tokens": 0}, 400, "max_tokens"),
+        (chat, {"messages": msgs, "max_completion_tokens": -3}, 400, "max_completion_tokens"),
+        (chat, {"messages": msgs, "max_tokens": 100000}, 400, "max_tokens"),
+        (chat, {"messages": msgs, "n": 0}, 400, "n"),
+        (chat, {"messages": msgs, "n": 1000}, 400, "n"),
+        (chat, {"messages": msgs, "n": "two"}, 400, "n"),
+        (chat, {"messages": msgs, "top_p": 0}, 400, "top_p"),
+        (chat, {"messages": msgs, "model": "gpt-4"}, 404, "model"),
+        (chat, {"messages": [{"role": "user", "content": long_prompt}]}, 400, "input_tokens"),
+        (comp, {"prompt": long_prompt}, 400, "input_tokens"),
+        (comp, {"prompt": []}, 400, "prompt"),
+        (comp, {"prompt": [10 ** 6]}, 400, "prompt"),
+        (comp, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        (comp, {"prompt": "x", "temperature": 3}, 400, "temperature"),
+        (comp, {"prompt": "x", "model": "nope"}, 404, "model"),
+        (comp, {"prompt": "x", "seed": 2 ** 70}, 400, None),
+    ]
+
+
+def test_malformed_requests_while_a_stream_runs(server, client):
+    done: dict = {}
+
+    def stream() -> None:
+        chunks = list(client.completions.create(
+            model="tiny", prompt="The capital", max_tokens=200, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        done["usage"] = chunks[-1].usage
+    t = threading.Thread(target=stream)
+    t.start()
+    cases = malformed_requests("hello " * 1100)  # > the tiny model's 1024-token context
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        for i in range(100):
+            path, body, status, param = cases[i % len(cases)]
+            r = (http.post(path, content=body) if isinstance(body, bytes)
+                 else http.post(path, json=body))
+            assert r.status_code == status, (path, body, r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+            assert err["message"], (path, body)
+            if param is not None:
+                assert err["param"] == param, (path, body, err)
+    t.join(60)
+    assert done["usage"].completion_tokens == 200, "the stream did not finish whole"
+
+
+def test_disconnect_aborts_and_frees_blocks(server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"prompt": "The capital " * 40, "max_tokens": 900, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers,
+                      timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert metric(server, "kv_cache_blocks_used") > 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the engine frees the blocks after the abort
+        if metric(server, "kv_cache_blocks_used") == 0 and metric(server, "num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server, "kv_cache_blocks_used") == 0, "the aborted request kept its blocks"
+
+
+def test_256_concurrent_streams_all_complete(server):
+    async def one(aclient: openai.AsyncOpenAI, i: int) -> tuple[str, int, str]:
+        stream = await aclient.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"request {i}"}], max_tokens=16,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        text, finish, usage = "", None, 0
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return text, usage, finish
+
+    async def main() -> list:
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=300), timeout=120)
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY,
+                                     max_retries=0, http_client=http)
+        try:
+            return await asyncio.gather(*(one(aclient, i) for i in range(256)))
+        finally:
+            await aclient.close()
+    results = asyncio.run(main())
+    assert all(usage == 16 and finish == "length" for _, usage, finish in results)
