@@ -9,14 +9,19 @@ import gc
 import multiprocessing.resource_tracker
 import multiprocessing as mp
 import os
+import signal
+import socket
 import threading
 
+import msgspec
 import pytest
 import torch
 
-from minivllm.distributed.weight_transfer import (MAX_FDS_PER_MESSAGE, WeightMismatchError,
-                                                  WeightReceiver, WeightSender,
-                                                  WeightTransferError, export_weights)
+from minivllm.distributed.weight_transfer import (MAX_FDS_PER_MESSAGE, TensorMeta,
+                                                  WeightMismatchError, WeightReceiver,
+                                                  WeightSender, WeightTransferError,
+                                                  WeightUpdateAck, WeightUpdateRequest,
+                                                  export_weights)
 from minivllm.distributed.weight_transfer_demo import EngineProcess, build_model, checksums
 
 # The tracker that spawn starts lives as long as pytest: start it before the leak snapshot.
@@ -198,3 +203,115 @@ def test_cuda_export_records_an_interprocess_event():
     request, fds, keep = export_weights({"w": torch.ones(16, device="cuda")})
     assert request.device == "cuda" and not fds and request.event_handle
     assert isinstance(keep[-1], torch.cuda.Event)
+
+
+# --- peers that die, and requests that lie --------------------------------------------------
+FORK = mp.get_context("fork")
+
+
+def request_then_die(conn, n_storages):
+    """A trainer that sends a request announcing descriptors, then dies before sending them."""
+    metas = [TensorMeta(f"t{i}", "float32", [4], [1], 0, i) for i in range(n_storages)]
+    conn.send_bytes(msgspec.msgpack.encode(
+        WeightUpdateRequest(1, "cpu", metas, cpu_storage_sizes=[16] * n_storages)))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def call_in_thread(fn, timeout=10.0):
+    """fn() on a thread; returns what it raised. A thread still running after timeout fails."""
+    outcome = []
+
+    def run():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{fn} still running after {timeout} s"
+    return outcome[0]
+
+
+def test_a_trainer_that_dies_before_its_descriptors_is_a_transfer_error():
+    a, b = mp.Pipe()
+    trainer = FORK.Process(target=request_then_die, args=(a, 2))
+    trainer.start()
+    a.close()  # the dead trainer held the only other copy
+    trainer.join()
+    with WeightReceiver(b) as receiver:
+        error = call_in_thread(receiver.recv)  # was: a loop at full CPU, forever
+    assert isinstance(error, WeightTransferError) and "trainer" in str(error), error
+    b.close()
+
+
+def test_every_peer_death_is_a_transfer_error():
+    a, b = mp.Pipe()
+    receiver = WeightReceiver(b)
+    a.close()  # the trainer is gone before its request
+    assert isinstance(call_in_thread(receiver.recv), WeightTransferError)
+    assert isinstance(call_in_thread(lambda: receiver.ack(1)), WeightTransferError)
+    receiver.close(), b.close()
+    a, b = mp.Pipe()
+    sender = WeightSender(a)
+    b.close()  # the engine is gone before the round
+    assert isinstance(call_in_thread(lambda: sender.send({"w": torch.ones(4)})),
+                      WeightTransferError)
+    sender.close(), a.close()
+
+
+def engine_reads_then_dies(conn):
+    conn.recv_bytes()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_an_engine_that_dies_mid_round_is_a_transfer_error():
+    a, b = mp.Pipe()
+    engine = FORK.Process(target=engine_reads_then_dies, args=(b,))
+    engine.start()
+    b.close()
+    with WeightSender(a) as sender:
+        error = call_in_thread(lambda: sender.send({"w": torch.ones(4)}))
+    engine.join()
+    assert isinstance(error, WeightTransferError) and "engine" in str(error), error
+    a.close()
+
+
+# Each lie: (what the request claims, the words the error must contain). The trainer's one
+# real storage holds 4 float32 (16 bytes); the engine's target is a float32 [4].
+LIES = {
+    "storage larger than the segment": (dict(size=64 << 20), "16 bytes"),
+    "zero stride": (dict(stride=[0]), "stride"),
+    "negative stride": (dict(stride=[-1]), "stride"),
+    "stride rank": (dict(stride=[1, 1]), "stride"),
+    "offset past the end": (dict(offset=1), "past"),
+    "negative offset": (dict(offset=-1), "offset"),
+    "storage index": (dict(storage=1), "storage 1"),
+    "negative storage index": (dict(storage=-1), "storage -1"),
+    "storage smaller than the view": (dict(size=8), "past"),
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_a_request_that_lies_about_its_layout_is_rejected_before_any_write(lie):
+    claim, words = LIES[lie]
+    source = torch.arange(4, dtype=torch.float32)
+    source.share_memory_()
+    fd, _ = source.untyped_storage()._share_fd_cpu_()
+    meta = TensorMeta("w", "float32", [4], claim.get("stride", [1]), claim.get("offset", 0),
+                      claim.get("storage", 0))
+    request = WeightUpdateRequest(1, "cpu", [meta], cpu_storage_sizes=[claim.get("size", 16)])
+    target = {"w": torch.full((4,), -1.0)}
+    a, b = mp.Pipe()
+    with WeightReceiver(b) as receiver:
+        a.send_bytes(msgspec.msgpack.encode(request))
+        with socket.socket(fileno=os.dup(a.fileno())) as sock:
+            socket.send_fds(sock, [b"F"], [fd])
+        error = call_in_thread(lambda: receiver.receive_into(target))
+    ack = msgspec.msgpack.decode(a.recv_bytes(), type=WeightUpdateAck)
+    assert isinstance(error, WeightTransferError) and words in str(error), (lie, error)
+    assert ack.error and words in ack.error, "the trainer learns why"
+    assert torch.equal(target["w"], torch.full((4,), -1.0)), "nothing may be written"
+    assert os.fstat(fd).st_size == 16, "the trainer's segment must not grow"
+    a.close(), b.close()

@@ -17,8 +17,10 @@ Protocol on one duplex `multiprocessing.Pipe()` (a Unix socketpair), one round:
     trainer                                          engine
     1. frame: msgpack WeightUpdateRequest   ---->    decode
     2. CPU only: the fds, in batches          ---->    receive them (always, to stay in step)
-                                                     validate every name, dtype, shape; then
-                                                     map, copy in place, sync, drop the views
+                                                     validate every name, dtype, shape, and
+                                                     every storage size, offset, stride, index
+                                                     (check_layout); then map, copy in place,
+                                                     sync, drop the views
     3. wait, keeping every exported tensor   <----    frame: msgpack WeightUpdateAck(round, error)
     4. drop the references; CUDA: torch.cuda.ipc_collect()
 
@@ -26,6 +28,8 @@ Lifetime rule: between 1 and 3 the trainer neither frees nor writes what it sent
 block could be handed to another tensor by the caching allocator while the engine still reads it;
 on both paths an in-place write would give the engine a torn mix of two versions.
 Only bytes-sized metadata is encoded (msgpack, never pickle), so the channel carries no code.
+A peer that dies, on either side and at any step, surfaces as WeightTransferError. The messages
+and the engine's checks on them live in weight_protocol.py.
 """
 
 from __future__ import annotations
@@ -34,62 +38,24 @@ import os
 import socket
 import weakref
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Mapping, Union
 
 import msgspec
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, rebuild_storage_fd, reduce_tensor
 
+from minivllm.distributed.weight_protocol import (CudaStorage, TensorMeta, WeightMismatchError,
+                                                  WeightTransferError, WeightUpdateAck,
+                                                  WeightUpdateRequest, check_layout, check_update)
+
 ACK_TIMEOUT_S = 120.0  # an engine copying GBs on a busy CPU is slow; silence this long is a dead engine
+# The descriptors follow their request at once: a trainer silent this long between the two is
+# stuck or lying, and waiting longer would hang the engine.
+FDS_TIMEOUT_S = 30.0
 MAX_FDS_PER_MESSAGE = 250  # Linux refuses more than SCM_MAX_FD (253) descriptors in one message
 
 Weights = Union[torch.nn.Module, Mapping[str, torch.Tensor]]
-
-
-class TensorMeta(msgspec.Struct, array_like=True):
-    """One tensor: a view (offset and stride in elements) of storage number `storage`."""
-    name: str
-    dtype: str  # "float32": torch dtype name without the "torch." prefix
-    shape: list[int]
-    stride: list[int]
-    offset: int
-    storage: int
-
-
-class CudaStorage(msgspec.Struct, array_like=True):
-    """What `reduce_tensor` says about a CUDA storage, minus the Python classes."""
-    device: int
-    handle: bytes  # cudaIpcMemHandle of the whole cudaMalloc block (64 bytes + torch's prefix)
-    size_bytes: int
-    offset_bytes: int  # where the storage starts inside the block
-    ref_counter_handle: bytes
-    ref_counter_offset: int
-    event_handle: bytes
-    event_sync_required: bool
-
-
-class WeightUpdateRequest(msgspec.Struct):
-    round: int
-    device: str  # "cpu" or "cuda"
-    tensors: list[TensorMeta]
-    cpu_storage_sizes: list[int] = []  # bytes; the fds follow on the socket in this order
-    cuda_storages: list[CudaStorage] = []
-    event_handle: bytes | None = None  # CUDA: ipc handle of the trainer's "written" event
-
-
-class WeightUpdateAck(msgspec.Struct):
-    round: int
-    error: str | None = None  # why the engine rejected the round; None means applied
-    mismatch: bool = False  # the rejection was a WeightMismatchError (the trainer raises one too)
-
-
-class WeightMismatchError(ValueError):
-    """The update does not fit the engine's weights; nothing was changed."""
-
-
-class WeightTransferError(RuntimeError):
-    """The hand-off itself failed: no ack, a closed channel, a rejected round."""
 
 
 @dataclass
@@ -182,13 +148,16 @@ class WeightSender:
     def send(self, weights: Weights) -> None:
         self.round += 1
         request, fds, keep = export_weights(weights, self.round)
-        self.conn.send_bytes(msgspec.msgpack.encode(request))
-        for i in range(0, len(fds), MAX_FDS_PER_MESSAGE):
-            socket.send_fds(self._sock, [b"F"], fds[i:i + MAX_FDS_PER_MESSAGE])
-        if not self.conn.poll(self.ack_timeout_s):
-            raise WeightTransferError(f"the engine did not acknowledge round {self.round} within "
-                                      f"{self.ack_timeout_s:g} s; is it alive? (its log says why)")
-        ack = msgspec.msgpack.decode(self.conn.recv_bytes(), type=WeightUpdateAck)
+        try:
+            self.conn.send_bytes(msgspec.msgpack.encode(request))
+            for i in range(0, len(fds), MAX_FDS_PER_MESSAGE):
+                socket.send_fds(self._sock, [b"F"], fds[i:i + MAX_FDS_PER_MESSAGE])
+            if not self.conn.poll(self.ack_timeout_s):
+                raise WeightTransferError(f"the engine did not acknowledge round {self.round} within "
+                                          f"{self.ack_timeout_s:g} s; is it alive? (its log says why)")
+            ack = msgspec.msgpack.decode(self.conn.recv_bytes(), type=WeightUpdateAck)
+        except (EOFError, OSError, msgspec.DecodeError) as exc:
+            raise _peer_lost("engine", f"round {self.round}", exc) from exc
         del keep  # the lifetime rule: only now may these tensors be freed or written
         if request.device == "cuda":
             torch.cuda.ipc_collect()  # return blocks whose ref count the engine dropped
@@ -221,20 +190,44 @@ class WeightReceiver:
         self._mapped: list[torch.UntypedStorage] = []
 
     def recv(self) -> WeightHandles:
-        request = msgspec.msgpack.decode(self.conn.recv_bytes(), type=WeightUpdateRequest)
+        try:
+            request = msgspec.msgpack.decode(self.conn.recv_bytes(), type=WeightUpdateRequest)
+        except (EOFError, OSError, msgspec.DecodeError) as exc:
+            raise _peer_lost("trainer", "the next request", exc) from exc
         handles = WeightHandles(request)
-        while len(handles.fds) < len(request.cpu_storage_sizes):
-            want = min(MAX_FDS_PER_MESSAGE, len(request.cpu_storage_sizes) - len(handles.fds))
-            _, fds, _, _ = socket.recv_fds(self._sock, 1, want)
-            handles.fds += fds
+        try:
+            self._recv_fds(handles)
+        except BaseException:
+            handles.close()
+            raise
         return handles
+
+    def _recv_fds(self, handles: WeightHandles) -> None:
+        need = len(handles.request.cpu_storage_sizes)
+        while len(handles.fds) < need:
+            what = f"round {handles.request.round}'s descriptors ({len(handles.fds)} of {need})"
+            if not wait([self._sock], FDS_TIMEOUT_S):
+                raise WeightTransferError(f"the trainer sent no {what} within {FDS_TIMEOUT_S:g} s")
+            try:
+                data, fds, _, _ = socket.recv_fds(self._sock, 1, min(MAX_FDS_PER_MESSAGE,
+                                                                     need - len(handles.fds)))
+            except OSError as exc:
+                raise _peer_lost("trainer", what, exc) from exc
+            handles.fds += fds
+            if not data:  # EOF: the trainer is gone
+                raise _peer_lost("trainer", what, EOFError("end of stream"))
+            if not fds:
+                raise WeightTransferError(f"a frame without descriptors in place of {what}")
 
     def ack(self, round: int, error: Exception | None = None) -> None:
         ack = WeightUpdateAck(round)
         if error is not None:
             ack.error = f"{type(error).__name__}: {error}"
             ack.mismatch = isinstance(error, WeightMismatchError)
-        self.conn.send_bytes(msgspec.msgpack.encode(ack))
+        try:
+            self.conn.send_bytes(msgspec.msgpack.encode(ack))
+        except OSError as exc:
+            raise _peer_lost("trainer", f"round {round}'s ack", exc) from exc
 
     def receive_into(self, weights: Weights) -> list[str]:
         """One round: receive, apply (all or nothing), acknowledge. Re-raises a rejection."""
@@ -259,30 +252,16 @@ class WeightReceiver:
         self.close()
 
 
-def check_update(targets: Mapping[str, torch.Tensor], metas: list[TensorMeta]) -> None:
-    """Raise WeightMismatchError naming every tensor that does not fit; change nothing."""
-    problems = []
-    for m in metas:
-        t = targets.get(m.name)
-        if t is None:
-            problems.append(f"{m.name!r}: the engine has no such weight")
-        elif list(t.shape) != m.shape:
-            problems.append(f"{m.name!r}: engine shape {list(t.shape)}, update shape {m.shape}")
-        elif str(t.dtype).removeprefix("torch.") != m.dtype:
-            problems.append(f"{m.name!r}: engine dtype {t.dtype}, update dtype torch.{m.dtype}")
-    if problems:
-        raise WeightMismatchError(f"{len(problems)} of {len(metas)} tensors do not fit; no weight "
-                                  "was changed. " + "; ".join(problems))
-
-
 def update_weights_from_ipc(weights: Weights, handles: WeightHandles) -> list[str]:
     """Copy a received round into `weights` in place, by name; return the names updated.
 
-    Everything is validated before anything is written, so a mismatch leaves the engine as it
-    was. The engine's tensors keep their identity (and data_ptr): CUDA graphs and views stay valid.
+    Everything is validated before anything is written or mapped, so a mismatch or a malformed
+    request leaves the engine as it was. The engine's tensors keep their identity (and data_ptr):
+    CUDA graphs and views stay valid.
     """
     targets = named_tensors(weights)
     check_update(targets, handles.request.tensors)
+    check_layout(targets, handles.request, handles.fds)
     sources = _rebuild(handles)
     with torch.no_grad():
         for name, src in sources.items():
@@ -318,6 +297,12 @@ def _rebuild_cuda(request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
             getattr(torch, m.dtype), device, s.handle, s.size_bytes, s.offset_bytes, False,
             s.ref_counter_handle, s.ref_counter_offset, s.event_handle, s.event_sync_required)
     return out
+
+
+def _peer_lost(peer: str, during: str, exc: BaseException) -> WeightTransferError:
+    return WeightTransferError(f"the {peer} closed the channel during {during} "
+                               f"({type(exc).__name__}: {exc}): it died or closed its end; "
+                               "its log says why")
 
 
 class _Fd:
