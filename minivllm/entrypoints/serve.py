@@ -118,9 +118,8 @@ def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
                     if "resource_tracker" not in " ".join(p.cmdline())]
     expected = serve_process_count(tp=args.tensor_parallel_size, dp=args.data_parallel_size,
                                    api_server_count=api_servers)
-    launcher = " + 1 launcher (this process)" if api_servers > 1 else ""
-    print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}"
-          f"{launcher}", flush=True)
+    print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}",
+          flush=True)
     for p in procs:
         title = " ".join(p.cmdline())[:70]
         print(f"  pid {p.pid:>7}  {title}", flush=True)
@@ -132,6 +131,9 @@ def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
     import asyncio
 
     import uvloop
+    from setproctitle import setproctitle
+
+    setproctitle(f"MINIVLLM::APIServer_{client_index}")
 
     async def main() -> int:
         async def watch_stop() -> None:
@@ -195,6 +197,10 @@ def wait_for_first_exit(servers: list[Any]) -> int:
     return 1
 
 
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvloop
 
@@ -204,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     count = args.api_server_count or args.data_parallel_size
     if count < 1:
         raise SystemExit("minivllm serve: --api-server-count must be at least 1")
+    # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like
+    # Ctrl-C, so a server stopped while it starts still shuts its engine down.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     trace_dir = None
     if args.trace:
         trace_dir = private_dir("trace")
