@@ -1,0 +1,330 @@
+"""The judge's tests for exercise 402. Each receives the learner's module as `ea`.
+
+The judge plays the front end: a ROUTER that the engine's input thread connects to, and a PULL
+for its outputs, both real ZMQ sockets. The model is the judge's: it can hold a chosen step
+inside execute until the test lets it go, so an abort lands mid-step every time, not by luck.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import zmq
+
+from minivllm.judge.api import Fail, check_equal, test
+from minivllm.utils.zmq import IpcDir
+
+WAIT_S = 5.0  # anything between threads or processes on one host that takes this long is lost
+QUIET_S = 0.3  # how long a test listens where nothing should arrive
+ID = b"\x00\x00"
+
+
+class GatedModel:
+    """token = position. The first call for which when(call number, batch) is true waits
+    inside the model until the test releases it."""
+
+    def __init__(self, when=lambda n, batch: False):
+        self.when = when
+        self.calls: list[dict[str, int]] = []
+        self.gated_at = None  # the number of the call that waited
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def __call__(self, batch):
+        self.calls.append(dict(batch))
+        if self.gated_at is None and self.when(len(self.calls), batch):
+            self.gated_at = len(self.calls)
+            self.entered.set()
+            if not self.released.wait(WAIT_S * 2):
+                raise RuntimeError("the judge never released the model")
+        return dict(batch)
+
+    def wait_entered(self):
+        if not self.entered.wait(WAIT_S):
+            raise Fail("the busy loop never made the model call this test holds",
+                       got=f"{len(self.calls)} calls: {self.calls}")
+
+
+class Harness:
+    """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
+
+    def __init__(self, ea, model, num_blocks):
+        self.ea, self.model = ea, model
+        self.ctx, self.d = zmq.Context(), IpcDir()
+        self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
+        for s in (self.router, self.pull):
+            s.setsockopt(zmq.LINGER, 0)
+        self.router.bind(self.d.path("in"))
+        self.pull.bind(self.d.path("out"))
+        self.tokens: dict[str, list[int]] = {}
+        self.reasons: dict[str, list] = {}
+        self.finished: list[str] = []
+        self.engine = ea.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
+        self.loop = threading.Thread(target=self.engine.run_busy_loop, daemon=True)
+        self.loop.start()
+        if not self.router.poll(int(WAIT_S * 1000)):
+            raise Fail("no READY from the engine's input thread: its DEALER must connect and "
+                       "send [b'READY'] first")
+        check_equal(self.router.recv_multipart(), [ID, b"READY"],
+                    "the first message from the engine (identity b'\\x00\\x00', then READY)")
+
+    def add(self, rid, prompt_len, max_tokens):
+        self.router.send_multipart([ID, b"ADD", msgspec.msgpack.encode(
+            {"request_id": rid, "prompt_token_ids": list(range(prompt_len)),
+             "max_tokens": max_tokens})])
+
+    def abort(self, ids):
+        self.router.send_multipart([ID, b"ABORT", msgspec.msgpack.encode(list(ids))])
+
+    def collect(self, until, what, timeout=WAIT_S):
+        deadline = time.monotonic() + timeout
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.pull.poll(int(left * 1000)):
+                raise Fail(f"waited {timeout:g} s for {what}", got=self.seen())
+            self._take(msgspec.msgpack.decode(self.pull.recv()))
+
+    def quiet(self):
+        """Take what arrives within QUIET_S (where nothing more should)."""
+        while self.pull.poll(int(QUIET_S * 1000)):
+            self._take(msgspec.msgpack.decode(self.pull.recv()))
+
+    def _take(self, outs):
+        for o in outs["outputs"]:
+            self.tokens.setdefault(o["request_id"], []).extend(o["new_token_ids"])
+            self.reasons.setdefault(o["request_id"], []).append(o.get("finish_reason"))
+        self.finished.extend(outs["finished_requests"])
+
+    def seen(self):
+        return {"tokens": self.tokens, "finished": self.finished}
+
+    def wait_queue(self, name, n):
+        q = getattr(self.engine, name)
+        deadline = time.monotonic() + WAIT_S
+        while q.qsize() < n:
+            if time.monotonic() > deadline:
+                raise Fail(f"engine.{name} holds {q.qsize()} items while the busy loop is inside "
+                           f"the model; expected {n}: the input thread must decode and queue "
+                           "messages on its own, whatever the busy loop is doing")
+            time.sleep(0.005)
+
+    def close(self):
+        try:
+            self.router.send_multipart([ID, b"SHUTDOWN"])
+            self.loop.join(WAIT_S)
+            if self.loop.is_alive():
+                raise Fail("run_busy_loop did not return within "
+                           f"{WAIT_S:g} s of [b'SHUTDOWN']")
+        finally:
+            self.router.close()
+            self.pull.close()
+            self.ctx.term()
+            self.d.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.model.released.set()
+        if exc_type is None:
+            self.close()
+        else:  # report the first failure, not a shutdown that failed because of it
+            try:
+                self.close()
+            except Fail:
+                pass
+
+
+def _expect_tokens(h, rid, prompt_len, n):
+    check_equal(h.tokens.get(rid), list(range(prompt_len, prompt_len + n)),
+                f"the tokens of {rid} (the judge's model: token = position)")
+
+
+@test(input="ADD r0 (prompt 3 tokens, max_tokens 5); 8 blocks of 4 tokens")
+def generates_and_finishes(ea):
+    with Harness(ea, GatedModel(), 8) as h:
+        h.add("r0", 3, 5)
+        h.collect(lambda: "r0" in h.finished, "r0 to finish")
+        _expect_tokens(h, "r0", 3, 5)
+        check_equal(h.reasons["r0"], [None] * 4 + ["length"],
+                    "finish_reason of each output of r0 ('length' on the last only)")
+        check_equal(h.finished, ["r0"], "finished_requests, all outputs together")
+        check_equal(h.engine.block_pool.num_free, 8, "block_pool.num_free after r0 finished")
+
+
+@test(input="the model holds step 1 (r0); meanwhile ADD r1 and ABORT ['x'] arrive")
+def input_thread_decodes_while_busy(ea):
+    model = GatedModel(lambda n, batch: n == 1)
+    with Harness(ea, model, 8) as h:
+        h.add("r0", 2, 3)
+        model.wait_entered()
+        h.add("r1", 2, 2)
+        h.abort(["x"])
+        h.wait_queue("input_queue", 2)
+        h.wait_queue("aborts_queue", 1)
+        model.released.set()
+        h.collect(lambda: {"r0", "r1"} <= set(h.finished), "r0 and r1 to finish")
+        _expect_tokens(h, "r1", 2, 2)
+        check_equal(sorted(h.finished), ["r0", "r1"], "finished_requests ('x' was never "
+                                                      "there: aborting it reports nothing)")
+
+
+@test(input="r0 (max 10) and r1 (max 4) run; the model holds the step where r0 has 2 tokens; "
+            "ABORT ['r0'] arrives during it; the model returns a token for r0 all the same")
+def abort_during_execute(ea):
+    model = GatedModel(lambda n, batch: batch.get("r0") == 4)  # r0 has 2 of its tokens
+    with Harness(ea, model, 8) as h:
+        h.add("r0", 2, 10)
+        h.add("r1", 2, 4)
+        model.wait_entered()
+        h.abort(["r0"])
+        h.wait_queue("aborts_queue", 1)
+        model.released.set()
+        h.collect(lambda: {"r0", "r1"} <= set(h.finished), "r0 (aborted) and r1 to finish")
+        h.quiet()
+        got = h.tokens.get("r0", [])
+        if len(got) > 2:
+            raise Fail("r0's token from the step during which its abort arrived was emitted: "
+                       "apply the aborts queue after execute and before update, and drop the "
+                       "tokens of requests that are gone", expected=[2, 3], got=got)
+        check_equal(got, [2, 3], "r0's tokens (the two from before the held step)")
+        check_equal(h.finished.count("r0"), 1, "how often r0 is in finished_requests")
+        late = [c for c in model.calls[model.gated_at:] if "r0" in c]
+        check_equal(late, [], "model calls after the abort whose batch holds r0")
+        _expect_tokens(h, "r1", 2, 4)
+        check_equal(h.engine.block_pool.num_free, 8,
+                    "block_pool.num_free at the end (an aborted request frees its blocks)")
+
+
+@test(input="the model holds step 1 (r0, max_tokens 2); ADD r1 and ABORT ['r1'] arrive, in that "
+            "order, during it")
+def abort_right_after_add(ea):
+    model = GatedModel(lambda n, batch: n == 1)
+    with Harness(ea, model, 8) as h:
+        h.add("r0", 2, 2)
+        model.wait_entered()
+        h.add("r1", 2, 5)
+        h.abort(["r1"])
+        h.wait_queue("input_queue", 2)
+        model.released.set()
+        h.collect(lambda: {"r0", "r1"} <= set(h.finished),
+                  "r0 to finish and r1 to be reported finished (aborted)")
+        h.quiet()
+        ran = [c for c in model.calls if "r1" in c]
+        if ran or "r1" in h.tokens:
+            raise Fail("r1 ran after its abort: an ABORT must reach its request wherever it is "
+                       "(still behind its ADD in input_queue, so apply input_queue in order; or "
+                       "waiting for blocks)", got={"model calls": ran,
+                                                  "tokens": h.tokens.get("r1")})
+        check_equal(sorted(h.finished), ["r0", "r1"], "finished_requests")
+
+
+@test(input="3 blocks; r0 takes all 3; r1 waits for blocks; during r0's step 2: ABORT "
+            "['r1', 'ghost'] and ABORT ['r1']; after r0 finished: ABORT ['r0']")
+def abort_waiting_is_idempotent(ea):
+    model = GatedModel(lambda n, batch: n == 2)
+    with Harness(ea, model, 3) as h:
+        h.add("r0", 4, 8)
+        h.add("r1", 1, 2)
+        model.wait_entered()
+        h.abort(["r1", "ghost"])
+        h.abort(["r1"])
+        h.wait_queue("aborts_queue", 2)
+        model.released.set()
+        h.collect(lambda: "r0" in h.finished, "r0 to finish")
+        h.abort(["r0"])
+        h.quiet()
+        check_equal(sorted(h.finished), ["r0", "r1"],
+                    "finished_requests: r1 once (aborted while waiting; aborting twice is one "
+                    "abort), 'ghost' never (unknown), r0 once (its late abort is ignored)")
+        ran = [c for c in model.calls if "r1" in c]
+        check_equal(ran, [], "model calls with r1 (aborted before it got blocks)")
+        _expect_tokens(h, "r0", 4, 8)
+        check_equal(h.engine.block_pool.num_free, 3, "block_pool.num_free at the end")
+
+
+@test(input="an engine with one finished request; [b'SHUTDOWN']")
+def shutdown_joins_threads(ea):
+    before_threads = set(threading.enumerate())
+    before_fds = len(os.listdir("/proc/self/fd"))
+    h = Harness(ea, GatedModel(), 4)
+    try:
+        h.add("r0", 1, 2)
+        h.collect(lambda: "r0" in h.finished, "r0 to finish")
+    finally:
+        h.close()
+    deadline = time.monotonic() + WAIT_S
+    while set(threading.enumerate()) - before_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    left = [t.name for t in set(threading.enumerate()) - before_threads]
+    if left:
+        raise Fail("threads still running after run_busy_loop returned: stop the IO threads "
+                   "(a flag the input thread polls; a sentinel on output_queue) and join them",
+                   got=left)
+    fds = len(os.listdir("/proc/self/fd")) - before_fds
+    if fds > 0:
+        raise Fail(f"{fds} file descriptors left open after shutdown: each thread closes its "
+                   "socket, then ctx.term()", expected=0, got=fds)
+
+
+@test(input="serve() in a process; 24 requests (prompt 1..6, max_tokens 1..8), every 4th aborted "
+            "right after its ADD; then SHUTDOWN", timeout=40)
+def engine_process(ea):
+    with IpcDir() as d:
+        ctx = zmq.Context()
+        router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+        for s in (router, pull):
+            s.setsockopt(zmq.LINGER, 0)
+        router.bind(d.path("in"))
+        pull.bind(d.path("out"))
+        code = (f"import {ea.__name__} as m; "
+                f"m.serve({d.path('in')!r}, {d.path('out')!r}, 64)")
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+        try:
+            _drive_process(router, pull)
+            router.send_multipart([ID, b"SHUTDOWN"])
+            try:
+                _, err = proc.communicate(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                raise Fail("the engine process did not exit after SHUTDOWN") from None
+            check_equal(proc.returncode, 0, "the engine process's exit code")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+            router.close()
+            pull.close()
+            ctx.term()
+
+
+def _drive_process(router, pull):
+    if not router.poll(int(10_000)):
+        raise Fail("no READY from the engine process within 10 s")
+    router.recv_multipart()
+    tokens: dict[str, list[int]] = {}
+    finished: list[str] = []
+    for i in range(24):
+        rid, plen, mt = f"p{i}", 1 + i % 6, 1 + i % 8
+        router.send_multipart([ID, b"ADD", msgspec.msgpack.encode(
+            {"request_id": rid, "prompt_token_ids": list(range(plen)), "max_tokens": mt})])
+        if i % 4 == 3:
+            router.send_multipart([ID, b"ABORT", msgspec.msgpack.encode([rid])])
+    deadline = time.monotonic() + 15
+    while len(finished) < 24 and pull.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        outs = msgspec.msgpack.decode(pull.recv())
+        for o in outs["outputs"]:
+            tokens.setdefault(o["request_id"], []).extend(o["new_token_ids"])
+        finished.extend(outs["finished_requests"])
+    check_equal(sorted(finished), sorted(f"p{i}" for i in range(24)),
+                "finished_requests over the run (each request exactly once)")
+    for i in range(24):
+        rid, plen, mt = f"p{i}", 1 + i % 6, 1 + i % 8
+        want = list(range(plen, plen + mt))
+        got = tokens.get(rid, [])
+        if got != want and not (i % 4 == 3 and got == want[:len(got)]):
+            raise Fail(f"the tokens of {rid} (echo model: token = position)", expected=want,
+                       got=got)
