@@ -1,0 +1,69 @@
+"""How busy the machine was while an experiment ran, so a chapter can say when not to trust it.
+
+    with LoadMeter() as load:
+        rows = experiment()
+    print(load.describe(own_cpu_s=sum(r["cpu_s"] for r in rows), what="the spin vs block ranking"))
+
+The machine's busy CPU time comes from /proc/stat (every core, every process); subtracting the
+CPU the experiment itself used leaves what other programs took. On Linux only; elsewhere the
+meter reports the load average alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# Other programs may use this many cores on average before a timing comparison is suspect:
+# half a core means one of our processes waited for a core about half of the time.
+QUIET_OTHERS_CORES = 0.5
+
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds all cores have spent busy since boot, or None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class LoadMeter:
+    """Measures the machine's CPU use over a `with` block."""
+
+    def __enter__(self) -> "LoadMeter":
+        self.load_before = os.getloadavg()[0]
+        self._busy0, self._t0 = _busy_cpu_s(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_s = time.monotonic() - self._t0
+        busy1 = _busy_cpu_s()
+        self.busy_cores = None if busy1 is None else (busy1 - self._busy0) / self.wall_s
+        self.load_after = os.getloadavg()[0]
+
+    def others_cores(self, own_cpu_s: float) -> float | None:
+        """Cores that other programs used on average during the block."""
+        if self.busy_cores is None:
+            return None
+        return max(0.0, self.busy_cores - own_cpu_s / self.wall_s)
+
+    def quiet(self, own_cpu_s: float) -> bool:
+        others = self.others_cores(own_cpu_s)
+        if others is None:  # no /proc/stat: fall back on the load average before the run
+            return self.load_before < QUIET_OTHERS_CORES
+        return others < QUIET_OTHERS_CORES
+
+    def describe(self, own_cpu_s: float, what: str = "these numbers") -> str:
+        cores = os.cpu_count()
+        others = self.others_cores(own_cpu_s)
+        seen = (f"other programs used {others:.2f} of {cores} cores on average during the run"
+                if others is not None else "the CPU use of other programs is unknown here")
+        text = (f"load: {seen} (this experiment: {own_cpu_s / self.wall_s:.2f} cores; "
+                f"1-min load average {self.load_before:.1f} before, {self.load_after:.1f} after). ")
+        if self.quiet(own_cpu_s):
+            return text + "Quiet enough to read the comparison."
+        return (text + f"BUSY: do not trust {what}; the processes waited for cores. Rerun when "
+                f"other programs use less than {QUIET_OTHERS_CORES} core.")
