@@ -2,21 +2,29 @@
 
     with LoadMeter() as load:
         rows = experiment()
-    print(load.describe(own_cpu_s=sum(r["cpu_s"] for r in rows), what="the spin vs block ranking"))
+    print(load.describe(what="the spin vs block ranking"))
 
 The machine's busy CPU time comes from /proc/stat (every core, every process); subtracting the
-CPU the experiment itself used leaves what other programs took. On Linux only; elsewhere the
-meter reports the load average alone.
+CPU the experiment itself used leaves what other programs took. The experiment's CPU is this
+process's plus that of its children reaped inside the block; pass own_cpu_s when the children
+outlive the block. On Linux only; elsewhere the meter reports the load average alone.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 
 # Other programs may use this many cores on average before a timing comparison is suspect:
 # half a core means one of our processes waited for a core about half of the time.
 QUIET_OTHERS_CORES = 0.5
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _busy_cpu_s() -> float | None:
@@ -35,28 +43,32 @@ class LoadMeter:
 
     def __enter__(self) -> "LoadMeter":
         self.load_before = os.getloadavg()[0]
-        self._busy0, self._t0 = _busy_cpu_s(), time.monotonic()
+        self._own0, self._busy0, self._t0 = own_cpu_s(), _busy_cpu_s(), time.monotonic()
         return self
 
     def __exit__(self, *exc) -> None:
         self.wall_s = time.monotonic() - self._t0
+        self.own_cpu_s = own_cpu_s() - self._own0
         busy1 = _busy_cpu_s()
         self.busy_cores = None if busy1 is None else (busy1 - self._busy0) / self.wall_s
         self.load_after = os.getloadavg()[0]
 
-    def others_cores(self, own_cpu_s: float) -> float | None:
+    def others_cores(self, own_cpu_s: float | None = None) -> float | None:
         """Cores that other programs used on average during the block."""
         if self.busy_cores is None:
             return None
-        return max(0.0, self.busy_cores - own_cpu_s / self.wall_s)
+        own = self.own_cpu_s if own_cpu_s is None else own_cpu_s
+        return max(0.0, self.busy_cores - own / self.wall_s)
 
-    def quiet(self, own_cpu_s: float) -> bool:
+    def quiet(self, own_cpu_s: float | None = None) -> bool:
         others = self.others_cores(own_cpu_s)
         if others is None:  # no /proc/stat: fall back on the load average before the run
             return self.load_before < QUIET_OTHERS_CORES
         return others < QUIET_OTHERS_CORES
 
-    def describe(self, own_cpu_s: float, what: str = "these numbers") -> str:
+    def describe(self, own_cpu_s: float | None = None, what: str = "these numbers") -> str:
+        """One line: the load seen, and whether `what` can be trusted."""
+        own_cpu_s = self.own_cpu_s if own_cpu_s is None else own_cpu_s
         cores = os.cpu_count()
         others = self.others_cores(own_cpu_s)
         seen = (f"other programs used {others:.2f} of {cores} cores on average during the run"
