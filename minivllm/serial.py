@@ -102,6 +102,16 @@ class MsgpackEncoder:
         finally:
             self._frames = None
 
+    def encode_into(self, obj: Any, buf: bytearray) -> list[bytearray | memoryview]:
+        """encode(), with the body written into `buf` (resized as needed): a sender that reuses
+        one buffer allocates no new body per message. Frame 0 is `buf` itself."""
+        self._frames = frames = [buf]
+        try:
+            self._encoder.encode_into(obj, buf)
+            return frames
+        finally:
+            self._frames = None
+
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray) and obj.dtype.kind in _RAW_KINDS:
             raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)

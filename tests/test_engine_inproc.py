@@ -28,7 +28,7 @@ def run(core):
         step = core.step()
         assert isinstance(step, EngineCoreOutputs)
         for out in step.outputs:
-            assert out.new_token_ids.dtype == np.int32
+            assert isinstance(out.new_token_ids, list)
             outputs.setdefault(out.request_id, []).append(out)
     return outputs
 

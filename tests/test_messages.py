@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minivllm.engine.messages import (
-    TOKEN_DTYPE, EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest,
+    ENGINE_CORE_DEAD, TOKEN_DTYPE, EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest,
     EngineCoreRequestType, FinishReason, UtilityOutput, UtilityRequest)
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
@@ -29,8 +29,8 @@ def test_request_types_match_vllm_values():
 
 def test_array_like_omits_names_and_defaults():
     body = msgspec.msgpack.encode(EngineCoreOutputs())
-    assert body[0] == 0x96 and len(body) == 15  # 6 values, no field names
-    body = MsgpackEncoder().encode(EngineCoreOutput("abc", np.array([1], TOKEN_DTYPE)))[0]
+    assert body[0] == 0x95 and len(body) == 14  # 5 values, no field names
+    body = MsgpackEncoder().encode(EngineCoreOutput("abc", [1]))[0]
     assert b"request_id" not in body and len(body) < 40
 
 
@@ -48,14 +48,15 @@ def test_request_roundtrip_keeps_token_dtype_and_sampling_params():
 def test_outputs_roundtrip_with_finish_reason_and_utility():
     outs = EngineCoreOutputs(
         engine_index=2,
-        outputs=[EngineCoreOutput("a", np.array([7, 8], TOKEN_DTYPE), FinishReason.LENGTH,
+        outputs=[EngineCoreOutput("a", [7, 8], FinishReason.LENGTH,
                                   num_cached_tokens=16),
-                 EngineCoreOutput("b", np.array([9], TOKEN_DTYPE), FinishReason.STOP, "\n")],
+                 EngineCoreOutput("b", [9], FinishReason.STOP, "\n")],
         finished_requests=["a", "b"], utility_output=UtilityOutput(4, result=[1, "x"]),
         timestamp=1.25)
     got = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(outs))
     assert got.outputs[0].finish_reason is FinishReason.LENGTH and got.outputs[0].finished
     assert got.outputs[1].stop_reason == "\n" and str(got.outputs[1].finish_reason) == "stop"
+    assert got.outputs[0].new_token_ids == [7, 8]  # a list: tiny payloads decode fastest so
     assert got.utility_output == UtilityOutput(4, result=[1, "x"])
     assert (got.engine_index, got.finished_requests, got.timestamp) == (2, ["a", "b"], 1.25)
 
@@ -71,3 +72,10 @@ def test_invalid_sampling_params_on_the_wire_is_a_decode_error():
     body = msgspec.msgpack.encode(["r", None, [-1.0]])  # negative temperature
     with pytest.raises(DecodeError):
         MsgpackDecoder(EngineCoreRequest).decode([body])
+
+
+def test_engine_core_dead_frame_is_never_a_valid_outputs_body():
+    with pytest.raises(DecodeError):
+        MsgpackDecoder(EngineCoreOutputs).decode([ENGINE_CORE_DEAD])
+    body = MsgpackEncoder().encode(EngineCoreOutputs())[0]
+    assert body[:1] != ENGINE_CORE_DEAD[:1]

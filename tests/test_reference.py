@@ -47,7 +47,12 @@ def reference():
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM()
+    """In this process (MINIVLLM_ENABLE_V1_MULTIPROCESSING=0): the test scores with the model."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with LLM() as llm:
+        yield llm
+    mp.undo()
 
 
 @torch.no_grad()
@@ -68,7 +73,7 @@ def test_greedy_tokens_and_logits_match_transformers(reference, llm):
                for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    model = llm.engine_core.model_executor.driver_worker.model_runner.model
+    model = llm.engine_core.engine_core.model_executor.driver_worker.model_runner.model
     for q, prompt, tokens in zip(QUESTIONS, prompts, ours):
         ref_tokens, ref_logits = greedy(reference, prompt)
         assert len(tokens) == len(ref_tokens) == NUM_TOKENS

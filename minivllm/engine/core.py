@@ -1,17 +1,42 @@
 """EngineCore: the scheduler and the executor, stepped in a loop.
 
 This is the in-process core: the caller adds `EngineCoreRequest`s and calls `step()`, which
-returns `EngineCoreOutputs`, the same messages a later chapter sends over ZMQ when the core
-runs in its own process (EngineCoreProc). In vLLM: vllm/v1/engine/core.py:121 (step at :667).
+returns `EngineCoreOutputs`. `EngineCoreProc` (engine/core_proc.py) runs the same object in its
+own process behind ZMQ sockets. In vLLM: vllm/v1/engine/core.py:121 (step at :667).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
 from minivllm.executor.abstract import Executor
+
+# The methods a client may call by name with call_utility (vLLM looks any method up with
+# getattr, core.py:1790; a list keeps the socket from reaching shutdown or private helpers).
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_stats", "collective_rpc", "echo"})
+
+
+def validate_request(config: EngineConfig, request_id: str, prompt_token_ids: np.ndarray) -> None:
+    """Raise ValueError, saying what to change, for a prompt the engine cannot run. The front
+    ends call it before sending; the engine core calls it again, for clients that did not."""
+    ids = prompt_token_ids
+    n = len(ids) if ids.ndim == 1 else -1
+    if not 0 < n < config.max_model_len:
+        raise ValueError(f"request {request_id}: the prompt has {n} tokens, the model takes 1 "
+                         f"to {config.max_model_len - 1}; shorten it" if n >= 0 else
+                         f"request {request_id}: token ids must be a flat list, got shape "
+                         f"{ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"request {request_id}: token ids must be integers, got {ids.dtype}")
+    vocab = config.model_config.vocab_size
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"request {request_id}: token ids must be in [0, {vocab})")
 
 
 class EngineCore:
@@ -22,15 +47,9 @@ class EngineCore:
         self.scheduler = Scheduler(config)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        n = len(request.prompt_token_ids)
-        if not 0 < n < self.config.max_model_len:
-            raise ValueError(f"request {request.request_id}: the prompt has {n} tokens, the "
-                             f"model takes 1 to {self.config.max_model_len - 1}; shorten it")
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
-        vocab = self.config.model_config.vocab_size
-        if int(request.prompt_token_ids.max()) >= vocab or int(request.prompt_token_ids.min()) < 0:
-            raise ValueError(f"request {request.request_id}: token ids must be in [0, {vocab})")
+        validate_request(self.config, request.request_id, request.prompt_token_ids)
         self.scheduler.add_request(Request.from_engine_core_request(
             request, self.config.model_config.eos_token_id, self.config.block_size))
 
@@ -48,7 +67,43 @@ class EngineCore:
         if not scheduler_output.req_ids:
             return EngineCoreOutputs()
         model_output = self.model_executor.execute_model(scheduler_output)
+        self.process_aborts_during_step()
         return self.scheduler.update_from_output(scheduler_output, model_output)
+
+    def process_aborts_during_step(self) -> None:
+        """Hook between execute and update_from_output: EngineCoreProc applies the aborts that
+        arrived during the forward pass here, so no token of an aborted request is emitted."""
+
+    # --- utilities: what a client may call by name (UtilityRequest) ----------------------
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def get_stats(self) -> dict[str, Any]:
+        kv = self.scheduler.kv_cache_manager
+        total = len(kv.blocks)
+        return {"num_running": len(self.scheduler.running),
+                "num_waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": total - kv.num_free_blocks, "kv_blocks_total": total,
+                "num_preemptions": self.scheduler.num_preemptions}
+
+    def collective_rpc(self, method: str, args: tuple | list = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        """Call `method` on every worker (the executor's collective_rpc, added with TP)."""
+        rpc = getattr(self.model_executor, "collective_rpc", None)
+        if rpc is None:
+            raise NotImplementedError(f"{type(self.model_executor).__name__} has no "
+                                      "collective_rpc yet")
+        return rpc(method, tuple(args), kwargs, timeout)
+
+    def echo(self, value: Any) -> Any:
+        """Return the argument: a round trip through the engine's queues, for tests and taps."""
+        return value
+
+    def call_utility(self, method: str, args: list) -> Any:
+        if method not in UTILITY_METHODS:
+            raise ValueError(f"unknown utility {method!r}; choose one of "
+                             f"{', '.join(sorted(UTILITY_METHODS))}")
+        return getattr(self, method)(*args)
 
     def shutdown(self) -> None:
         self.model_executor.shutdown()

@@ -64,9 +64,11 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None:  # aborted here already
                 continue
-            completion, new_ids = state.output.outputs[0], out.new_token_ids.tolist()
+            completion, new_ids = state.output.outputs[0], out.new_token_ids
             completion.token_ids.extend(new_ids)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            if out.error is not None:  # FinishReason.ERROR or a shutdown's ABORT: say why
+                stop_reason = out.error
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
                 completion.text = state.detokenizer.output_text

@@ -127,7 +127,7 @@ class Scheduler:
             request.append_output_token(token)
             stopped = request.check_stop(self.config.max_model_len)
             outputs.append(EngineCoreOutput(
-                req_id, np.array([token], np.int32), request.status.finish_reason,
+                req_id, [token], request.status.finish_reason,
                 request.stop_reason, max(request.num_cached_tokens, 0)))
             if stopped:
                 self._free_request(request)

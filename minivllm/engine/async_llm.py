@@ -1,0 +1,163 @@
+"""AsyncLLM: the asyncio front end the HTTP server uses, one async generator per request.
+
+    llm = AsyncLLM(EngineConfig())                   # starts its engine core process(es)
+    async for out in llm.generate("Hi", SamplingParams(max_tokens=8), request_id="r1"):
+        print(out.outputs[0].text)                   # cumulative text; the last is finished
+    llm.shutdown()
+
+One output-handler task reads EngineCoreOutputs (AsyncMPClient), detokenizes them
+(OutputProcessor) and hands each request's RequestOutput to that request's collector. Outputs
+are cumulative, so a consumer slower than the engine just sees a later state, and nothing
+queues up behind it. A consumer that stops iterating (or whose task is cancelled) aborts its
+request in the engine. Several API server processes can share the engines: each is a client
+with its own addresses and client_index (engine/utils.py: launch_core_engines).
+In vLLM: vllm/v1/engine/async_llm.py:76 (AsyncLLM), :588 (generate), :693 (output_handler);
+RequestOutputCollector, vllm/v1/engine/output_processor.py:44.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncGenerator
+
+import numpy as np
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.core import validate_request
+from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.messages import EngineCoreRequest
+from minivllm.engine.output_processor import OutputProcessor, RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import Tokenizer
+
+STATS_SUMMED = ("num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total",
+                "num_preemptions")
+
+
+class RequestOutputCollector:
+    """The latest RequestOutput of one request (or the error that ends it), and a wake-up."""
+
+    def __init__(self) -> None:
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        if not isinstance(self.output, BaseException):  # an error is final
+            self.output = output
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self.ready.wait()
+        self.ready.clear()
+        output, self.output = self.output, None
+        if isinstance(output, BaseException):
+            self.output = output  # stays for any later get
+            raise output
+        return output
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+                 client_index: int = 0) -> None:
+        self.config = config
+        self.tokenizer = Tokenizer.from_path(config.model)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.collectors: dict[str, RequestOutputCollector] = {}
+        self.output_handler: asyncio.Task | None = None
+        self._dead_error: EngineDeadError | None = None
+        self.engine_core = EngineCoreClient.make_client(
+            config, asyncio_mode=True, multiprocess=True, client_addresses=client_addresses,
+            client_index=client_index)
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._dead_error or self.engine_core.dead_error
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_error is not None
+
+    def _ensure_output_handler(self) -> None:
+        if self.output_handler is None:
+            self.output_handler = asyncio.get_running_loop().create_task(self._run_output_handler())
+
+    async def _run_output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.engine_core.get_output_async()
+                updated, to_abort = self.output_processor.process_outputs(outputs)
+                for out in updated:
+                    collector = self.collectors.get(out.request_id)
+                    if collector is not None:
+                        collector.put(out)
+                if to_abort:  # stop strings, found here after detokenizing
+                    await self.engine_core.abort_requests_async(to_abort)
+        except EngineDeadError as e:
+            self._dead_error = e
+            for collector in self.collectors.values():
+                collector.put(e)
+
+    async def generate(self, prompt: str | list[int] | np.ndarray,
+                       sampling_params: SamplingParams, request_id: str
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield the request's cumulative RequestOutput after each step it progressed in.
+        ValueError before the first yield for a request the engine cannot run."""
+        if self.dead_error is not None:
+            raise self.dead_error
+        if request_id in self.collectors:
+            raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = np.asarray(self.tokenizer.encode(prompt) if text is not None else prompt)
+        validate_request(self.config, request_id, token_ids)
+        request = EngineCoreRequest(request_id, token_ids.astype(np.int32, copy=False),
+                                    sampling_params)
+        self._ensure_output_handler()
+        collector = self.collectors[request_id] = RequestOutputCollector()
+        self.output_processor.add_request(request_id, text, request.prompt_token_ids.tolist(),
+                                          sampling_params)
+        finished = False
+        try:
+            await self.engine_core.add_request_async(request)
+            while not finished:
+                out = await collector.get()
+                finished = out.finished
+                yield out
+        finally:
+            del self.collectors[request_id]
+            if not finished:  # the consumer left, was cancelled, or the engine died
+                self.output_processor.abort_requests([request_id])
+                if self.dead_error is None:
+                    await self.engine_core.abort_requests_async([request_id])
+
+    async def abort(self, request_id: str) -> None:
+        """End a request: its blocks are freed, and its generator ends with "abort"."""
+        state = self.output_processor.request_states.get(request_id)
+        self.output_processor.abort_requests([request_id])
+        collector = self.collectors.get(request_id)
+        if collector is not None and state is not None:
+            state.output.outputs[0].finish_reason, state.output.finished = "abort", True
+            collector.put(state.output)
+        await self.engine_core.abort_requests_async([request_id])
+
+    async def get_stats(self) -> dict[str, Any]:
+        """num_running, num_waiting, kv_blocks_used, kv_blocks_total, summed over DP engines."""
+        per_engine = await self.engine_core.call_utility_all_async("get_stats")
+        return {k: sum(s[k] for s in per_engine) for k in STATS_SUMMED}
+
+    async def reset_prefix_cache(self) -> None:
+        await self.engine_core.call_utility_all_async("reset_prefix_cache")
+
+    async def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                             timeout: float | None = None) -> list:
+        return await self.engine_core.call_utility_async("collective_rpc", method, list(args),
+                                                         kwargs, timeout)
+
+    def shutdown(self) -> None:
+        """Stop the engine core processes; nothing is left behind. Idempotent."""
+        if self.output_handler is not None and not self.output_handler.done():
+            self.output_handler.cancel()
+        self.engine_core.shutdown()
+        for collector in self.collectors.values():
+            collector.put(self.engine_core.dead_error)
+

@@ -1,0 +1,219 @@
+"""The two MP clients: SyncMPClient (LLM: an output thread feeds a queue) and AsyncMPClient
+(AsyncLLM: an asyncio task feeds an asyncio queue). What they share is MPClient, core_client.py.
+In vLLM: vllm/v1/engine/core_client.py:950 (SyncMPClient), :1066 (AsyncMPClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.core_client import MPClient
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+
+_shutdown_ids = itertools.count()
+
+
+class SyncMPClient(MPClient):
+    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+                 client_index: int = 0) -> None:
+        self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
+        super().__init__(config, client_addresses, client_index, zmq.Context())
+        self._send_lock = threading.Lock()
+        path = f"inproc://minivllm-client-shutdown-{next(_shutdown_ids)}"
+        self._shutdown_socket = self.ctx.socket(zmq.PAIR)
+        self._shutdown_socket.bind(path)
+        self.output_thread = threading.Thread(target=self._process_outputs_socket, args=(path,),
+                                              name="EngineCoreOutputQueueThread", daemon=True)
+        # A forked child (another engine, a worker) never touches this client's sockets or
+        # queues, so this thread cannot hold anything the child needs: fork stays allowed.
+        self.output_thread.fork_safe = True
+        self.output_thread.start()
+
+    def _process_outputs_socket(self, shutdown_path: str) -> None:
+        shutdown = self.ctx.socket(zmq.PAIR)
+        shutdown.connect(shutdown_path)
+        poller = zmq.Poller()
+        poller.register(shutdown, zmq.POLLIN)
+        poller.register(self.output_socket, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if shutdown in events:
+                    break
+                outputs = self._decode_output(self.output_socket.recv_multipart(copy=False))
+                if outputs is not None:
+                    self.outputs_queue.put(outputs)
+        except EngineDeadError as e:
+            self.set_dead(e)
+        except Exception as e:  # noqa: BLE001 - the thread must report, not vanish
+            self.set_dead(EngineDeadError(f"the client's output thread failed: {e!r}"))
+        finally:
+            shutdown.close(linger=0)
+
+    def _wake_waiters(self, error: EngineDeadError) -> None:
+        self.outputs_queue.put(error)
+
+    def _set_future(self, future: Future, result: Any = None,
+                    exception: BaseException | None = None) -> None:
+        if future.done():
+            return
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+
+    def get_output(self) -> EngineCoreOutputs:
+        item = self.outputs_queue.get()
+        if isinstance(item, BaseException):
+            self.outputs_queue.put(item)  # for the next caller: nobody waits forever
+            raise item
+        with self._send_lock:
+            self._record_finished(item)
+        return item
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        with self._send_lock:
+            self.input_socket.send_multipart(self._add_frames(request), copy=False)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        with self._send_lock:
+            for frames in self._abort_frames(request_ids):
+                self.input_socket.send_multipart(frames, copy=False)
+
+    def call_utility(self, method: str, *args: Any, engine: int = 0) -> Any:
+        return self._call(method, args, [engine])[0]
+
+    def call_utility_all(self, method: str, *args: Any) -> list:
+        """Call `method` on every DP engine; their results in rank order."""
+        return self._call(method, args, range(len(self.core_engines)))
+
+    def _call(self, method: str, args: tuple, ranks: Any) -> list:
+        futures = []
+        with self._send_lock:
+            for rank in ranks:
+                futures.append(Future())
+                self.input_socket.send_multipart(
+                    self._utility_frames(rank, method, args, futures[-1]), copy=False)
+        return [f.result() for f in futures]
+
+    def shutdown(self) -> None:
+        """Stop the engines and close everything; idempotent."""
+        if not self._begin_shutdown():
+            return
+        self._shutdown_socket.send(b"")
+        self.output_thread.join(5.0)
+        self._shutdown_socket.close(linger=0)
+        self._close_resources()
+
+
+class AsyncMPClient(MPClient):
+    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+                 client_index: int = 0) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.outputs_queue: asyncio.Queue | None = None
+        self.output_task: asyncio.Task | None = None
+        super().__init__(config, client_addresses, client_index, zmq.asyncio.Context())
+
+    def _ensure_output_task(self) -> None:
+        """Start reading outputs on the running loop, at the first call made from it."""
+        if self.output_task is not None:
+            return
+        self.outputs_queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        if self.dead_error is not None:
+            self.outputs_queue.put_nowait(self.dead_error)
+        self.output_task = self.loop.create_task(self._process_outputs_socket())
+
+    async def _process_outputs_socket(self) -> None:
+        try:
+            while True:
+                outputs = self._decode_output(
+                    await self.output_socket.recv_multipart(copy=False))
+                if outputs is not None:
+                    self.outputs_queue.put_nowait(outputs)
+        except EngineDeadError as e:
+            self.set_dead(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.set_dead(EngineDeadError(f"the client's output task failed: {e!r}"))
+
+    def _in_loop(self, fn: Any, *args: Any) -> None:
+        """Run fn(*args) on the client's loop, from whichever thread we are on."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _wake_waiters(self, error: EngineDeadError) -> None:
+        if self.outputs_queue is not None:
+            self._in_loop(self.outputs_queue.put_nowait, error)
+
+    def _set_future(self, future: asyncio.Future, result: Any = None,
+                    exception: BaseException | None = None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if exception is not None:
+                future.set_exception(exception)
+            else:
+                future.set_result(result)
+        self._in_loop(settle)
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._ensure_output_task()
+        item = await self.outputs_queue.get()
+        if isinstance(item, BaseException):
+            self.outputs_queue.put_nowait(item)
+            raise item
+        self._record_finished(item)
+        return item
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._ensure_output_task()
+        await self.input_socket.send_multipart(self._add_frames(request), copy=False)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._ensure_output_task()
+        for frames in self._abort_frames(request_ids):
+            await self.input_socket.send_multipart(frames, copy=False)
+
+    async def call_utility_async(self, method: str, *args: Any, engine: int = 0) -> Any:
+        return (await self._call(method, args, [engine]))[0]
+
+    async def call_utility_all_async(self, method: str, *args: Any) -> list:
+        return await self._call(method, args, range(len(self.core_engines)))
+
+    async def _call(self, method: str, args: tuple, ranks: Any) -> list:
+        self._ensure_output_task()
+        futures = []
+        for rank in ranks:
+            futures.append(self.loop.create_future())
+            await self.input_socket.send_multipart(
+                self._utility_frames(rank, method, args, futures[-1]), copy=False)
+        return list(await asyncio.gather(*futures))
+
+    def shutdown(self) -> None:
+        """Stop the engines and close everything; idempotent, callable from any thread."""
+        if not self._begin_shutdown():
+            return
+        task = self.output_task
+        if task is not None and not task.done():
+            self._in_loop(task.cancel)
+        self._close_resources()

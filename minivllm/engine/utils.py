@@ -1,0 +1,214 @@
+"""Starting engine core processes: the launch and the start-up handshake.
+
+    engine_manager, addresses = launch_core_engines(config, num_api_servers=1)
+    # client i binds a ROUTER at addresses.inputs[i] and a PULL at addresses.outputs[i]
+    engine_manager.close()   # stops the engines, removes the ipc socket files
+
+The handshake runs over one ROUTER that the launcher binds; each engine connects a DEALER whose
+identity is its DP rank (2 bytes, little endian):
+
+    step  engine -> launcher             launcher -> engine       the launcher waits at most
+    1     HandshakeHello(rank, pid)                                HELLO_TIMEOUT_S (imports)
+    2                                    EngineZmqAddresses
+    3     (loads the model and the KV cache, starts its IO threads; its input DEALERs send
+          EngineCoreReadyResponse to every client ROUTER, so that a ROUTER can route to it)
+    4     HandshakeReady(ready response)                           READY_TIMEOUT_S (model load)
+          or HandshakeFailed(traceback) if start-up raised
+
+While it waits, the launcher also watches each engine's process sentinel: an engine that dies
+during start-up is reported at once, with its exit code, not after the timeout.
+In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), EngineZmqAddresses at
+:80, CoreEngineProcManager at :102; the engine's side: vllm/v1/engine/core.py:1352-1460.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.context import BaseContext
+
+import msgspec
+import zmq
+
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.messages import EngineCoreReadyResponse
+from minivllm.utils.mp import ProcHandle, choose_start_method, launch
+from minivllm.utils.zmq import IpcDir, close_all, identity_to_rank, make_zmq_socket
+
+logger = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 120.0  # a spawned engine imports torch first: tens of seconds on a busy host
+READY_TIMEOUT_S = 600.0  # loading and dequantizing the model: a minute on 2 busy cores
+ADDRESSES_TIMEOUT_S = 60.0  # the engine's wait for the launcher's reply to HELLO
+
+
+class HandshakeHello(msgspec.Struct, tag="HELLO", array_like=True):
+    engine_index: int
+    pid: int
+
+
+class HandshakeReady(msgspec.Struct, tag="READY", array_like=True):
+    response: EngineCoreReadyResponse
+
+
+class HandshakeFailed(msgspec.Struct, tag="FAILED", array_like=True):
+    error: str  # the engine's traceback
+
+
+HandshakeMessage = HandshakeHello | HandshakeReady | HandshakeFailed
+
+
+class EngineZmqAddresses(msgspec.Struct, array_like=True):
+    """Where the clients (API servers) listen: client i at inputs[i] and outputs[i]."""
+
+    inputs: list[str]
+    outputs: list[str]
+
+    def for_client(self, i: int) -> dict[str, str]:
+        """The `client_addresses` that AsyncLLM(config, client_addresses, client_index=i) takes."""
+        return {"input_address": self.inputs[i], "output_address": self.outputs[i]}
+
+
+def _native_threads() -> set[int]:
+    """Thread ids of this process that are not Python threads and not ZMQ's I/O threads."""
+    try:
+        tids = {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # not Linux: no way to look
+        return set()
+    tids -= {t.native_id for t in threading.enumerate()}
+    out = set()
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("ZMQbg"):
+                    out.add(tid)
+        except OSError:
+            pass  # it ended meanwhile
+    return out
+
+
+_BASELINE_THREADS = _native_threads()  # numpy's BLAS pool, started at import, survives fork
+
+
+def start_context() -> BaseContext:
+    """utils.mp's choice, except that native threads started since import (torch's OpenMP
+    pool, once this process ran a parallel op) force spawn: GNU OpenMP is not fork-safe, and a
+    forked engine hangs in its first parallel op (gomp_team_barrier_wait_end)."""
+    method, why = choose_start_method()
+    new = _native_threads() - _BASELINE_THREADS
+    if method == "fork" and new:
+        method = "spawn"
+        logger.info("engine cores start with spawn: %d native threads (an OpenMP pool?) run "
+                    "in this process, and a forked child would deadlock in them", len(new))
+    return multiprocessing.get_context(method)
+
+
+class CoreEngineProcManager:
+    """Owns the engine core processes and the private directory of their ipc sockets."""
+
+    def __init__(self, handles: list[ProcHandle], ipc_dir: IpcDir) -> None:
+        self.handles = handles
+        self.ipc_dir = ipc_dir
+        self.ready_responses: list[EngineCoreReadyResponse] = []
+        self._lock = threading.Lock()
+
+    @property
+    def sentinels(self) -> list[int]:
+        return [h.sentinel for h in self.handles]
+
+    @property
+    def pids(self) -> list[int]:
+        return [h.pid for h in self.handles]
+
+    def describe_death(self, index: int) -> str:
+        handle = self.handles[index]
+        handle.process.join(1.0)
+        return (f"engine core {index} (pid {handle.pid}) died with exit code "
+                f"{handle.process.exitcode}")
+
+    def close(self) -> None:
+        """Stop every engine (ask, SIGTERM, SIGKILL) and remove the socket files. Idempotent."""
+        with self._lock:
+            for handle in self.handles:
+                handle.request_stop()  # all at once: DP engines stop in parallel
+            for handle in self.handles:
+                handle.shutdown()
+            self.ipc_dir.close()
+
+
+def launch_core_engines(config: EngineConfig, num_api_servers: int = 1,
+                        ready_timeout: float = READY_TIMEOUT_S
+                        ) -> tuple[CoreEngineProcManager, EngineZmqAddresses]:
+    """Start config.data_parallel_size engine cores and wait until every one is READY."""
+    from minivllm.engine.core_proc import run_engine_core  # the child's module, imported late
+
+    ipc_dir = IpcDir()
+    addresses = EngineZmqAddresses(
+        inputs=[ipc_dir.path(f"input{i}") for i in range(num_api_servers)],
+        outputs=[ipc_dir.path(f"output{i}") for i in range(num_api_servers)])
+    ctx = zmq.Context()
+    handshake = make_zmq_socket(ctx, ipc_dir.path("handshake"), zmq.ROUTER, bind=True, linger=0)
+    manager = CoreEngineProcManager([], ipc_dir)
+    context = start_context()
+    try:
+        for rank in range(config.data_parallel_size):
+            manager.handles.append(launch(
+                run_engine_core, f"EngineCore_{rank}",
+                args=(config, rank, ipc_dir.path("handshake"), num_api_servers),
+                context=context))
+        manager.ready_responses = wait_for_engine_startup(handshake, manager, addresses,
+                                                          ready_timeout)
+    except BaseException:
+        manager.close()
+        raise
+    finally:
+        close_all(handshake)
+        ctx.term()
+    return manager, addresses
+
+
+def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManager,
+                            addresses: EngineZmqAddresses, ready_timeout: float
+                            ) -> list[EngineCoreReadyResponse]:
+    """Answer each engine's HELLO with the addresses; return their ready responses by rank."""
+    decoder = msgspec.msgpack.Decoder(HandshakeMessage)
+    reply = msgspec.msgpack.encode(addresses)
+    count = len(manager.handles)
+    hello: set[int] = set()
+    ready: dict[int, EngineCoreReadyResponse] = {}
+    poller = zmq.Poller()
+    poller.register(handshake, zmq.POLLIN)
+    for sentinel in manager.sentinels:
+        poller.register(sentinel, zmq.POLLIN)
+    start = time.monotonic()
+    while len(ready) < count:
+        waiting_hello = len(hello) < count
+        limit = HELLO_TIMEOUT_S if waiting_hello else ready_timeout
+        left = start + limit - time.monotonic()
+        events = dict(poller.poll(max(left, 0) * 1000))
+        if not events:
+            missing = sorted(set(range(count)) - (ready.keys() if not waiting_hello else hello))
+            what = "said HELLO" if waiting_hello else "reported READY (loading the model)"
+            raise TimeoutError(f"engine core(s) {missing} have not {what} within {limit:g} s: "
+                               "see their log above, or pass a larger ready_timeout")
+        for i, sentinel in enumerate(manager.sentinels):
+            if sentinel in events:
+                raise RuntimeError(f"{manager.describe_death(i)} during start-up, before it "
+                                   "reported READY; see its traceback above")
+        if handshake in events:
+            identity, body = handshake.recv_multipart()
+            rank = identity_to_rank(identity)
+            msg = decoder.decode(body)
+            if isinstance(msg, HandshakeHello):
+                hello.add(rank)
+                handshake.send_multipart([identity, reply])
+                if len(hello) == count:
+                    start = time.monotonic()  # the READY clock starts once all are running
+            elif isinstance(msg, HandshakeFailed):
+                raise RuntimeError(f"engine core {rank} failed during start-up:\n{msg.error}")
+            else:
+                ready[rank] = msg.response
+    return [ready[r] for r in range(count)]
