@@ -19,6 +19,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler needs, and nothing that loads a model (vLLM: config/scheduler.py)."""
+
+    num_kv_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None  # a .gguf file or a HF directory; None: SmolLM2-135M-Instruct
@@ -69,6 +82,12 @@ class EngineConfig:
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError("the 'uni' executor runs one worker in the engine core's process: "
                              "use distributed_executor_backend='mp' for tensor_parallel_size > 1")
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.num_kv_blocks, self.block_size, self.max_num_seqs,
+                               self.max_num_batched_tokens, self.max_model_len,
+                               self.enable_prefix_caching, self.enable_chunked_prefill)
 
     @property
     def torch_dtype(self) -> torch.dtype:
