@@ -9,14 +9,10 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyBboxPatch
+
+from drawing import box
 
 HERE = Path(__file__).resolve().parent
-
-
-def box(ax, x, y, w, h, text, color):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="black"))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
 
 
 def arrow(ax, x0, y0, x1, y1, color="black", style="-"):

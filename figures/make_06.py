@@ -7,14 +7,11 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.patches import FancyArrowPatch
+
+from drawing import box
 
 OUT = Path(__file__).with_name("06_cuda_ipc.png")
-
-
-def box(ax, x, y, w, h, text, color, size=9):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="black", lw=1))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
 
 
 def arrow(ax, a, b, text="", style="-|>", color="black", dy=0.03, ls="-"):
