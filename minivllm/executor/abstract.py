@@ -33,8 +33,10 @@ class Executor(ABC):
 
     @abstractmethod
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None) -> list[Any]:
-        """worker.<method>(*args, **kwargs) on every worker; their results, by rank."""
+                       timeout: float | None = None, unique_reply_rank: int | None = None
+                       ) -> list[Any]:
+        """worker.<method>(*args, **kwargs) on every worker; their results, by rank (only
+        unique_reply_rank's, in a list of one, when given)."""
 
     def register_failure_callback(self, callback: FailureCallback) -> None:
         """callback() runs once, from another thread, if a worker dies. A worker inside the

@@ -23,6 +23,7 @@ vllm/v1/executor/multiproc_executor.py:125).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import multiprocessing.connection
@@ -31,7 +32,9 @@ import signal
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from minivllm.distributed.parallel_state import get_open_port
@@ -41,7 +44,8 @@ from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.executor.abstract import Executor, FailureCallback
 from minivllm.executor.messages import ExecuteModel, RPCCall, RPCError, RPCResponse
 from minivllm.serial import MsgpackDecoder
-from minivllm.utils.mp import STOP_GRACE_S, TERM_GRACE_S, ProcHandle, launch
+from minivllm.utils.mp import (START_METHOD_ENV, STOP_GRACE_S, TERM_GRACE_S, ProcHandle,
+                               get_mp_context, launch)
 from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files, worker_main
 
 logger = logging.getLogger(__name__)
@@ -92,6 +96,10 @@ class MultiprocExecutor(Executor):
         self.rpc_broadcast_mq = MessageQueue(
             self.world_size, self.world_size,
             busy_loop_s=OVERSUBSCRIBED_SPIN_S if oversubscribed else BUSY_LOOP_S)
+        # At exit, stop the workers before utils/mp's own exit hook does (atexit runs the
+        # last registered first), so the monitor does not take their exit for a death.
+        self_ref = weakref.ref(self)
+        atexit.register(lambda: self_ref() is not None and self_ref().shutdown())
         try:
             self._start_workers()
             self._start_worker_monitor()
@@ -104,10 +112,14 @@ class MultiprocExecutor(Executor):
     def _start_workers(self) -> None:
         init_method = f"tcp://127.0.0.1:{get_open_port()}"  # rank 0 hosts the rendezvous
         handle = self.rpc_broadcast_mq.export_handle()
+        context = worker_mp_context()
+
+        def start(rank: int) -> ProcHandle:
+            return launch(worker_main, f"Worker_TP{rank}", ready_timeout=READY_TIMEOUT_S,
+                          args=(self.config, rank, handle, init_method), context=context)
+
         decoder = MsgpackDecoder(RPCResponse)
-        for rank in range(self.world_size):
-            proc = launch(worker_main, f"Worker_TP{rank}", ready_timeout=READY_TIMEOUT_S,
-                          args=(self.config, rank, handle, init_method))
+        for rank, proc in enumerate(_launch_all(start, self.world_size, context)):
             mq = MessageQueue.create_from_handle(proc.ready_message, 0, decoder=decoder)
             self.workers.append(WorkerProcHandle(rank, proc, proc.ready_message, mq))
         self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
@@ -253,6 +265,41 @@ class MultiprocExecutor(Executor):
         for w in self.workers:
             w.response_mq.close()
         self.rpc_broadcast_mq.close()
+
+
+def worker_mp_context() -> BaseContext:
+    """spawn, as vLLM's CPU platform forces (vllm/platforms/cpu.py:426), unless the user
+    chose a start method: a child forked from a process whose OpenMP pool already ran hangs in
+    its first multi-threaded matmul (GNU libgomp is not fork-safe; measured here with torch:
+    a forked child at 2 threads never returned, at 1 thread it did)."""
+    if START_METHOD_ENV in os.environ:
+        return get_mp_context()
+    return multiprocessing.get_context("spawn")
+
+
+def _launch_all(start, n: int, context: BaseContext) -> list[ProcHandle]:
+    """start(rank) for every rank, side by side (under spawn each child imports torch for
+    seconds), or one by one under fork (forking while other threads run is unsafe). If one
+    fails, the others are stopped and its error is raised."""
+    if context.get_start_method() == "fork":
+        procs: list[ProcHandle] = []
+        try:
+            for rank in range(n):
+                procs.append(start(rank))
+        except BaseException:
+            for p in procs:
+                p.shutdown()
+            raise
+        return procs
+    with ThreadPoolExecutor(n, thread_name_prefix="start-worker") as pool:
+        futures = [pool.submit(start, rank) for rank in range(n)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for f in futures:
+            if f.exception() is None:
+                f.result().shutdown()
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 def _remaining(deadline: float | None) -> float | None:

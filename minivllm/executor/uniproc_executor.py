@@ -17,7 +17,8 @@ class UniProcExecutor(Executor):
         self.driver_worker.load_model()
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None) -> list[Any]:
+                       timeout: float | None = None, unique_reply_rank: int | None = None
+                       ) -> list[Any]:
         """The one worker's result in a list; timeout is ignored (a method call cannot be
         abandoned halfway)."""
         if method.startswith("_") or not callable(getattr(self.driver_worker, method, None)):
