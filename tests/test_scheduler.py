@@ -1,11 +1,11 @@
 """The scheduler's policy, driven step by step. The model is replaced by a fixed answer
-(`runner_output`): the scheduler is what is under test, and a sampled token is its input."""
+(`runner_output`): the scheduler is what is under test, and a sampled token is its input.
+A SchedulerConfig loads no model, so these tests need no model directory."""
 
 import numpy as np
 import pytest
-from tiny_model import make_tiny_model_dir
 
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.config import SchedulerConfig
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.scheduler_output import ModelRunnerOutput
@@ -14,14 +14,11 @@ from minivllm.sampling_params import SamplingParams
 EOS = 2
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
-
-
-def make(tiny_dir, **kw):
+def make(**kw):
     kw.setdefault("block_size", 4)
-    return Scheduler(EngineConfig(model=tiny_dir, **kw))
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("max_model_len", min(1024, kw["num_kv_blocks"] * kw["block_size"]))  # as EngineConfig
+    return Scheduler(SchedulerConfig(**kw))
 
 
 def add(s, rid, n, **params):
@@ -40,8 +37,8 @@ def step(s, token=7):
     return so, out
 
 
-def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget(tiny_dir):
-    s = make(tiny_dir, max_num_batched_tokens=16)
+def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget():
+    s = make(max_num_batched_tokens=16)
     r = add(s, "a", 40)
     chunks = []
     for _ in range(3):
@@ -54,8 +51,8 @@ def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget(tiny_dir):
     assert so.num_scheduled_tokens.tolist() == [1] and so.num_computed_tokens.tolist() == [40]
 
 
-def test_new_requests_join_the_running_batch(tiny_dir):
-    s = make(tiny_dir, max_num_batched_tokens=64)
+def test_new_requests_join_the_running_batch():
+    s = make(max_num_batched_tokens=64)
     add(s, "a", 5)
     step(s)
     add(s, "b", 9)
@@ -63,8 +60,8 @@ def test_new_requests_join_the_running_batch(tiny_dir):
     assert so.req_ids == ["a", "b"] and so.num_scheduled_tokens.tolist() == [1, 9]
 
 
-def test_chunk_fills_what_the_decodes_leave_of_the_budget(tiny_dir):
-    s = make(tiny_dir, max_num_batched_tokens=10)
+def test_chunk_fills_what_the_decodes_leave_of_the_budget():
+    s = make(max_num_batched_tokens=10)
     add(s, "a", 5)
     add(s, "b", 5)
     step(s)  # a: 5, b: 5
@@ -73,16 +70,16 @@ def test_chunk_fills_what_the_decodes_leave_of_the_budget(tiny_dir):
     assert so.num_scheduled_tokens.tolist() == [1, 1, 8] and not so.sample_rows[2]
 
 
-def test_max_num_seqs_caps_the_batch(tiny_dir):
-    s = make(tiny_dir, max_num_seqs=2)
+def test_max_num_seqs_caps_the_batch():
+    s = make(max_num_seqs=2)
     for rid in "abc":
         add(s, rid, 3)
     so, _ = step(s)
     assert so.req_ids == ["a", "b"]
 
 
-def test_preemption_frees_blocks_and_recomputes_later(tiny_dir):
-    s = make(tiny_dir, num_kv_blocks=6, enable_prefix_caching=False)  # 24 token slots
+def test_preemption_frees_blocks_and_recomputes_later():
+    s = make(num_kv_blocks=6, enable_prefix_caching=False)  # 24 token slots
     a, b = add(s, "a", 8), add(s, "b", 8)
     seen_preempted = False
     for _ in range(30):
@@ -103,8 +100,8 @@ def test_preemption_frees_blocks_and_recomputes_later(tiny_dir):
     ({"stop_token_ids": [7]}, 7, "stop"),
     ({"max_tokens": 3}, 7, "length"),
 ])
-def test_stop_conditions_finish_and_free(tiny_dir, params, token, reason):
-    s = make(tiny_dir)
+def test_stop_conditions_finish_and_free(params, token, reason):
+    s = make()
     r = add(s, "a", 5, **params)
     for _ in range(5):
         _, out = step(s, token)
@@ -118,8 +115,8 @@ def test_stop_conditions_finish_and_free(tiny_dir, params, token, reason):
         assert out.outputs[0].stop_reason == 7
 
 
-def test_abort_frees_blocks(tiny_dir):
-    s = make(tiny_dir)
+def test_abort_frees_blocks():
+    s = make()
     add(s, "a", 9)
     add(s, "b", 9)
     step(s)
@@ -127,3 +124,16 @@ def test_abort_frees_blocks(tiny_dir):
     assert not s.has_unfinished_requests()
     assert s.kv_cache_manager.num_free_blocks == s.config.num_kv_blocks
     assert s.schedule().finished_req_ids == ["a", "b"]
+
+
+def test_scheduling_does_not_count_tokens_until_the_step_is_made():
+    """_make_output only reads the requests; schedule() advances num_computed_tokens once."""
+    s = make(max_num_batched_tokens=64)
+    r = add(s, "a", 9)
+    assert r.num_computed_tokens == 0 and r.num_cached_tokens is None  # not admitted yet
+    so = s._make_output([(r, 9)])
+    assert r.num_computed_tokens == 0 and so.num_computed_tokens.tolist() == [0]
+    so, _ = step(s)
+    assert so.num_computed_tokens.tolist() == [0] and r.num_computed_tokens == 9
+    assert r.num_cached_tokens == 0  # admitted once, with no prefix-cache hit
+

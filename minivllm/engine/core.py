@@ -44,7 +44,7 @@ class EngineCore:
         self.config = config
         self.model_executor = Executor.get_class(config)(config)
         self.model_executor.initialize_kv_cache(config.num_kv_blocks)
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config.scheduler_config)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.scheduler.requests:

@@ -37,7 +37,7 @@ class Request:
         self.all_token_ids: list[int] = np.asarray(prompt_token_ids, np.int32).tolist()
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache (or scheduled to be)
-        self.num_cached_tokens = -1  # prefix-cache hits at first schedule; -1: not yet scheduled
+        self.num_cached_tokens: int | None = None  # prefix-cache hits at first admission
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         self.block_size = block_size

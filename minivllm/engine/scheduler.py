@@ -16,7 +16,7 @@ from collections import deque
 
 import numpy as np
 
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.config import SchedulerConfig
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.request import Request, RequestStatus
@@ -24,7 +24,7 @@ from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(config.num_kv_blocks, config.block_size,
                                                config.enable_prefix_caching)
@@ -43,26 +43,47 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        scheduled, budget, preempted = self._schedule_running(budget)
+        if not preempted:  # a step that had to preempt admits nobody new
+            scheduled += self._schedule_waiting(budget)
+        output = self._make_output(scheduled)
+        for request, num_new in scheduled:  # the tokens are in flight: count them as computed
+            request.num_computed_tokens += num_new
+        return output
+
+    def _schedule_running(self, budget: int) -> tuple[list[tuple[Request, int]], int, bool]:
+        """Decodes and prompt chunks of running requests, oldest first. Returns (scheduled,
+        budget left, whether anyone was preempted)."""
         scheduled: list[tuple[Request, int]] = []
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:  # 1. running: decodes and prompt chunks
+        preempted, i = False, 0
+        while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv_cache_manager.allocate_slots(request, num_new):
-                victim = self.running.pop()  # the latest admitted goes back to waiting
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    break
-            else:
-                scheduled.append((request, num_new))
-                budget -= num_new
-                i += 1
-                continue
-            break
-        while (self.waiting and budget > 0 and not preempted  # 2. waiting: admit new ones
-               and len(self.running) < self.config.max_num_seqs):
+            fits, evicted = self._make_room(request, num_new)
+            preempted |= evicted
+            if not fits:  # it preempted itself; the ones after it are gone too
+                break
+            scheduled.append((request, num_new))
+            budget -= num_new
+            i += 1
+        return scheduled, budget, preempted
+
+    def _make_room(self, request: Request, num_new: int) -> tuple[bool, bool]:
+        """Allocate num_new slots for a running request, preempting the newest running ones
+        until they fit. Returns (the request fits, someone was preempted)."""
+        preempted = False
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
+            victim = self.running.pop()  # the latest admitted goes back to waiting
+            self._preempt(victim)
+            preempted = True
+            if victim is request:
+                return False, True
+        return True, preempted
+
+    def _schedule_waiting(self, budget: int) -> list[tuple[Request, int]]:
+        """Admit waiting requests, in order, while the budget, max_num_seqs and the cache allow."""
+        scheduled: list[tuple[Request, int]] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits = self.kv_cache_manager.get_computed_blocks(request)
             num_hit = len(hits) * self.config.block_size
@@ -76,11 +97,11 @@ class Scheduler:
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
-            if request.num_cached_tokens < 0:
+            if request.num_cached_tokens is None:  # the first admission counts, not a re-run
                 request.num_cached_tokens = num_hit
             scheduled.append((request, num_new))
             budget -= num_new
-        return self._make_output(scheduled)
+        return scheduled
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -90,6 +111,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _make_output(self, scheduled: list[tuple[Request, int]]) -> SchedulerOutput:
+        """The step as arrays for the workers; reads the requests, changes nothing."""
         kv = self.kv_cache_manager
         tables = [kv.get_block_ids(r.request_id) for r, _ in scheduled]
         block_tables = np.zeros((len(scheduled), max(map(len, tables), default=0)), np.int32)
@@ -113,8 +135,6 @@ class Scheduler:
             num_output_tokens=np.array([r.num_output_tokens for r, _ in scheduled], np.int32),
             finished_req_ids=self.finished_req_ids)
         self.finished_req_ids = []
-        for request, n in scheduled:
-            request.num_computed_tokens += n
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -128,7 +148,7 @@ class Scheduler:
             stopped = request.check_stop(self.config.max_model_len)
             outputs.append(EngineCoreOutput(
                 req_id, [token], request.status.finish_reason,
-                request.stop_reason, max(request.num_cached_tokens, 0)))
+                request.stop_reason, request.num_cached_tokens or 0))
             if stopped:
                 self._free_request(request)
         if any(r.is_finished for r in self.running):
