@@ -22,7 +22,10 @@ than copying a few hundred bytes; large ones go out of band so that nobody copie
 `MsgpackDecoder(t).decode(frames)` rebuilds the object, validated against type t when
 given. Arrays come back as `np.frombuffer` views of the frame memory, not copies: they are
 read-only when the frame is, and they keep the frame alive. Anything that is not a valid
-message raises `DecodeError`, and nothing else.
+message raises `DecodeError`, and nothing else. A header is bounded (MAX_HEADER_BYTES,
+MAX_DIMS) before it is decoded, and shape x itemsize must match the data before an array is
+built, so a small message cannot make the decoder build something big. A field annotated with
+`Int32Array` accepts only a 1-D int32 array in native byte order (token ids).
 
 pickle runs arbitrary code on the receiver, so an object that msgpack cannot express is a
 `TypeError` unless MINIVLLM_ALLOW_INSECURE_SERIALIZATION=1 (chapter 04).
@@ -65,6 +68,9 @@ EXT_PICKLE = 5
 _RAW_KINDS = frozenset("biufc")
 _RAW_DTYPE = re.compile(r"[<>|][biufc][0-9]{1,2}")  # the dtype.str of those kinds: "<i4", "|b1"
 _HEADER_LEN = 2  # u16 little-endian length of the inline header
+MAX_DIMS = 64  # numpy's limit; a header claiming more is garbage
+# [dtype, shape, index] with MAX_DIMS dimensions of up to 9 msgpack bytes each fits in this.
+MAX_HEADER_BYTES = 1024
 
 Frame = bytes | bytearray | memoryview | zmq.Frame
 
@@ -82,6 +88,23 @@ def _tensor_type() -> type | None:
     # torch is heavy to import; a process that never imported it cannot hold a tensor.
     torch = sys.modules.get("torch")
     return torch.Tensor if torch is not None else None
+
+
+class _ArrayRule(type):
+    """isinstance(x, Int32Array) is the rule itself: msgspec checks what dec_hook returns with
+    isinstance, and a plain ndarray that follows the rule passes."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, np.ndarray) and obj.dtype == cls.wire_dtype and obj.ndim == cls.wire_ndim
+
+
+class Int32Array(np.ndarray, metaclass=_ArrayRule):
+    """Annotation of a Struct field that must hold a 1-D int32 array in native byte order
+    (token ids): a typed MsgpackDecoder rejects float, bool, 2-D, 0-d or big-endian arrays
+    there. Values stay plain numpy arrays; this class only names the rule."""
+
+    wire_dtype = np.dtype(np.int32)  # native byte order: ">i4" is a different dtype
+    wire_ndim = 1
 
 
 class MsgpackEncoder:
@@ -160,6 +183,8 @@ class MsgpackDecoder:
         """Rebuild the object; raise DecodeError (only) if the frames are not a message."""
         if isinstance(frames, (bytes, bytearray, memoryview, zmq.Frame)):
             frames = [frames]
+        elif not isinstance(frames, (list, tuple)):
+            raise DecodeError(f"expected a frame or a list of frames, got {type(frames).__qualname__}")
         self._frames = frames
         try:
             if len(frames) == 0:
@@ -177,14 +202,21 @@ class MsgpackDecoder:
         # The ext hook already built arrays and tensors; here we only check the type.
         if t is object or isinstance(obj, t):
             return obj
+        if type(t) is _ArrayRule:
+            got = (f"a {obj.dtype.str} array of {obj.ndim} dimensions"
+                   if isinstance(obj, np.ndarray) else type(obj).__qualname__)
+            raise TypeError(f"expected a {t.wire_ndim}-D {t.wire_dtype.name} array in native "
+                            f"byte order, got {got}")
         raise TypeError(f"expected {t.__qualname__}, got {type(obj).__qualname__}")
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         if code in (EXT_NDARRAY_INLINE, EXT_TENSOR_INLINE):
             n = int.from_bytes(data[:_HEADER_LEN], "little")
+            _check_header(n)
             dtype, shape = self._inline_header.decode(data[_HEADER_LEN:_HEADER_LEN + n])
             raw = data[_HEADER_LEN + n:]
         elif code in (EXT_NDARRAY_OOB, EXT_TENSOR_OOB):
+            _check_header(len(data))
             dtype, shape, index = self._oob_header.decode(data)
             if not 0 < index < len(self._frames):
                 raise DecodeError(f"array refers to frame {index}, message has {len(self._frames)}")
@@ -206,7 +238,15 @@ def _buffer(frame: Any) -> memoryview:
     return buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
 
 
+def _check_header(nbytes: int) -> None:
+    if nbytes > MAX_HEADER_BYTES:
+        raise DecodeError(f"array header of {nbytes} bytes, the limit is {MAX_HEADER_BYTES} "
+                          f"(at most {MAX_DIMS} dimensions)")
+
+
 def _check_size(raw: memoryview, itemsize: int, shape: tuple[int, ...]) -> None:
+    if len(shape) > MAX_DIMS:
+        raise DecodeError(f"array of {len(shape)} dimensions, the limit is {MAX_DIMS}")
     if any(d < 0 for d in shape) or math.prod(shape) * itemsize != raw.nbytes:
         raise DecodeError(f"shape {shape} x {itemsize} B does not match {raw.nbytes} B of data")
 

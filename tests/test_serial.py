@@ -198,3 +198,51 @@ def test_encoder_is_reusable_and_frames_do_not_leak_between_calls():
     enc = MsgpackEncoder()
     assert len(enc.encode(np.zeros(1000))) == 2
     assert len(enc.encode({"small": 1})) == 1
+
+
+# --- hostile input: wrong argument types, amplification, token ids of the wrong kind ---------
+@pytest.mark.parametrize("frames", [None, 5, 2.5, iter([b"\x90"]), object()])
+def test_anything_but_frames_is_a_decode_error(frames):
+    with pytest.raises(DecodeError, match="frames"):
+        MsgpackDecoder().decode(frames)
+
+
+def _oob_array_message(shape, dtype="<i4", index=1):
+    """A body holding one out-of-band array ext value, with a header that says `shape`."""
+    header = msgspec.msgpack.encode((dtype, shape, index))
+    return msgspec.msgpack.encode(msgspec.msgpack.Ext(2, header))
+
+
+@pytest.mark.parametrize("code", [1, 2])
+def test_a_header_with_millions_of_dimensions_is_refused_before_it_is_built(code):
+    """The header of a 7.6 MiB message claimed 2M dimensions of 0 (an empty array): the decoder
+    built the 2M-tuple and then the array before any check. The header is now bounded first."""
+    shape = (0,) * 2_000_000
+    if code == 2:
+        body = _oob_array_message(shape)
+    else:  # inline: the u16 header length caps it, so the limit on dimensions must hold
+        header = msgspec.msgpack.encode(("<i4", (0,) * 100))
+        body = msgspec.msgpack.encode(msgspec.msgpack.Ext(
+            1, len(header).to_bytes(2, "little") + header))
+    with pytest.raises(DecodeError, match="dimensions|header"):
+        MsgpackDecoder().decode([body, b""])
+
+
+def test_typed_request_accepts_native_int32_token_ids():
+    request = EngineCoreRequest("r", np.arange(300, dtype=np.int32), SamplingParams())
+    got = roundtrip(request, EngineCoreRequest)
+    assert got.prompt_token_ids.dtype == np.int32 and got.prompt_token_ids.tolist() == list(range(300))
+
+
+@pytest.mark.parametrize("ids", [
+    np.arange(4, dtype=np.float64),
+    np.arange(4, dtype=np.int32).reshape(2, 2),
+    np.arange(4, dtype=">i4"),
+    np.ones(4, dtype=bool),
+    np.array(7, dtype=np.int32),
+    np.arange(300, dtype=np.int64),  # out of band too
+], ids=["float64", "2-D", "big-endian", "bool", "0-d", "int64"])
+def test_typed_request_rejects_token_ids_of_the_wrong_kind(ids):
+    frames = MsgpackEncoder().encode(EngineCoreRequest("r", ids, SamplingParams()))
+    with pytest.raises(DecodeError, match="int32"):
+        MsgpackDecoder(EngineCoreRequest).decode(frames)

@@ -51,6 +51,7 @@ import msgspec
 import numpy as np
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.serial import Int32Array
 
 TOKEN_DTYPE = np.int32  # vocabularies fit in 31 bits; half the bytes of int64
 
@@ -85,7 +86,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     """ADD: one tokenized request, front end -> engine core."""
 
     request_id: str
-    prompt_token_ids: np.ndarray  # TOKEN_DTYPE, shape (n,)
+    prompt_token_ids: Int32Array  # TOKEN_DTYPE, shape (n,); decoding rejects any other array
     sampling_params: SamplingParams
     arrival_time: float = 0.0
     client_index: int = 0  # which front end to answer (several API servers share engines)
