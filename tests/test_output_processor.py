@@ -47,16 +47,16 @@ def test_length_without_the_stop_string():
 
 def test_llm_stop_string_on_the_last_token(tmp_path):
     from minivllm import LLM
-    llm = LLM(make_tiny_model_dir(str(tmp_path)))
     greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    out = llm.generate("The capital", greedy, use_tqdm=False)[0].outputs[0]
-    before = llm.tokenizer.decode(out.token_ids[:-1])
-    assert out.text.startswith(before) and len(out.text) > len(before)
-    cut = len(before)  # the stop string: the last token's text, longer until it is unique
-    while out.text.find(out.text[cut:]) != cut:
-        cut -= 1
-    stop = out.text[cut:]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, stop=[stop])
-    stopped = llm.generate("The capital", params, use_tqdm=False)[0].outputs[0]
+    with LLM(make_tiny_model_dir(str(tmp_path))) as llm:
+        out = llm.generate("The capital", greedy, use_tqdm=False)[0].outputs[0]
+        before = llm.tokenizer.decode(out.token_ids[:-1])
+        assert out.text.startswith(before) and len(out.text) > len(before)
+        cut = len(before)  # the stop string: the last token's text, longer until it is unique
+        while out.text.find(out.text[cut:]) != cut:
+            cut -= 1
+        stop = out.text[cut:]
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, stop=[stop])
+        stopped = llm.generate("The capital", params, use_tqdm=False)[0].outputs[0]
     assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop)
     assert stopped.text == out.text[:cut] and len(stopped.token_ids) == 6

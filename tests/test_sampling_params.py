@@ -40,11 +40,11 @@ def test_seed_range_and_minus_one():
 
 def test_a_huge_seed_does_not_fail_the_batch(tmp_path):
     from minivllm import LLM
-    llm = LLM(make_tiny_model_dir(str(tmp_path)))
     params = [SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=s)
               for s in (2**50, None, -3)]
-    outs = llm.generate(["The capital", "A paged", "héllo"], params, use_tqdm=False)
+    with LLM(make_tiny_model_dir(str(tmp_path))) as llm:
+        outs = llm.generate(["The capital", "A paged", "héllo"], params, use_tqdm=False)
+        again = llm.generate(["héllo", "The capital"], [params[2], params[0]], use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6, 6]
-    again = llm.generate(["héllo", "The capital"], [params[2], params[0]], use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == [outs[2].outputs[0].token_ids,
                                                         outs[0].outputs[0].token_ids]

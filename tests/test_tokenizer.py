@@ -93,7 +93,8 @@ def test_chat_on_a_folder_saved_by_transformers(tmp_path):
     from minivllm import LLM
     from minivllm.sampling_params import SamplingParams
     _save_with_transformers(str(tmp_path))
-    out = LLM(str(tmp_path)).chat([{"role": "user", "content": "hi"}],
-                                  SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)[0]
+    with LLM(str(tmp_path)) as llm:
+        out = llm.chat([{"role": "user", "content": "hi"}],
+                       SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)[0]
     assert out.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert len(out.outputs[0].token_ids) >= 1
