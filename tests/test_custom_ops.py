@@ -1,14 +1,19 @@
 """The C ops (csrc/cpu_ops.c) against their torch versions, and how they are built."""
 
+import json
 import math
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_model import make_tiny_model_dir
 
-from minivllm.model import csrc_build, custom_ops
+from minivllm.model import csrc_build, custom_ops, op_selection
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, _decode_torch
 from minivllm.model.kv_layout import key_blocks, value_blocks
 from minivllm.model.llama import LlamaModel
@@ -17,9 +22,15 @@ from minivllm.model.loader import load_config, load_weights
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler")
 
 
+@pytest.fixture(autouse=True)
+def c_ops(monkeypatch):
+    """Every op in C, whatever this CPU measured faster: these tests compare C with torch."""
+    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "c"))
+
+
 def _switch_to_torch_ops(monkeypatch):
     """From here on in the test, custom_ops runs its torch versions."""
-    monkeypatch.setattr(csrc_build, "load", lambda: None)
+    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "torch"))
 
 
 def test_the_ops_build_and_load_here():
@@ -161,14 +172,116 @@ def test_build_caches_by_source_and_reports_compiler_errors(tmp_path, monkeypatc
     assert [p.name for p in (tmp_path / "kernels").iterdir()] == [first.name]  # no temp left
 
 
-def test_custom_ops_env_switches_to_torch(monkeypatch):
-    monkeypatch.setenv(csrc_build.ENABLE_ENV, "torch")
+@pytest.fixture
+def fresh_load(monkeypatch):
+    """csrc_build.load() and the op choice resolved again under the test's environment, and
+    again after it."""
     csrc_build.load.cache_clear()
-    try:
-        assert csrc_build.load() is None
-        x = torch.randn(3, 8)
-        torch.testing.assert_close(custom_ops.rms_norm(x, None, 1e-6),
-                                   F.rms_norm(x, (8,), None, 1e-6))
-    finally:
-        monkeypatch.delenv(csrc_build.ENABLE_ENV)
-        csrc_build.load.cache_clear()
+    monkeypatch.setattr(custom_ops, "_choices", None)
+    yield
+    csrc_build.load.cache_clear()
+
+
+def test_custom_ops_env_switches_to_torch(monkeypatch, fresh_load):
+    monkeypatch.setenv(csrc_build.ENABLE_ENV, "torch")
+    assert csrc_build.load() is None
+    assert set(custom_ops.choices().values()) == {"torch"}
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(custom_ops.rms_norm(x, None, 1e-6),
+                               F.rms_norm(x, (8,), None, 1e-6))
+    monkeypatch.setenv(csrc_build.ENABLE_ENV, "c")
+    csrc_build.load.cache_clear()  # load() read the environment once, as a process does
+    assert set(op_selection.resolve().values()) == {"c"}
+    monkeypatch.setenv(csrc_build.ENABLE_ENV, "fast")
+    with pytest.raises(ValueError, match="use auto, c or torch"):
+        op_selection.resolve()
+
+
+def test_selection_keeps_the_faster_version():
+    def fast():  # a few microseconds on one thread: no thread pool a neighbour can stall
+        return sum(range(50))
+
+    def slow():
+        time.sleep(0.005)  # a thousand times longer
+        return fast()
+
+    assert op_selection.faster(fast, slow)["choice"] == "c"
+    chosen = op_selection.faster(slow, fast)
+    assert chosen["choice"] == "torch" and chosen["c_us"] > chosen["torch_us"]
+
+
+def test_the_choice_is_measured_once_and_cached_with_the_build(tmp_path, monkeypatch, fresh_load):
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(op_selection, "BUDGET_S", 0.0)  # the fewest rounds: this is no benchmark
+    ops = op_selection.load_or_measure()
+    path = op_selection.choice_file()
+    assert path.parent == csrc_build.build().parent and set(ops) == set(op_selection.OPS)
+    assert all(row["choice"] in ("c", "torch") and row["c_us"] > 0 for row in ops.values())
+    # the file decides, not a new measurement: force one op each way and read it back
+    forced = {key: dict(row, choice="torch" if key == "skinny_linear/few" else "c")
+              for key, row in ops.items()}
+    path.write_text(json.dumps({"threads": torch.get_num_threads(), "ops": forced}))
+    assert custom_ops.choices()["skinny_linear/few"] == "torch"
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    assert custom_ops.skinny_linear(x, w) is None  # Linear then runs torch's matmul
+    assert custom_ops.skinny_linear(torch.randn(8, 64), w) is None  # never C past 7 rows
+    path.write_text("{not json")  # a damaged file is measured again, not trusted
+    assert set(op_selection.load_or_measure()) == set(op_selection.OPS)
+    assert json.loads(path.read_text())["threads"] == torch.get_num_threads()
+
+
+def test_an_avx2_build_has_no_avx512_and_gives_the_same_results(tmp_path, monkeypatch,
+                                                                 fresh_load):
+    """MINIVLLM_CPU_ARCH=x86-64-v3: the ops as an AVX2-only CPU builds them (32-byte vectors)."""
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    native = csrc_build.build()
+    monkeypatch.setenv(csrc_build.ARCH_ENV, "x86-64-v3")
+    avx2 = csrc_build.build()
+    assert avx2 != native
+    if shutil.which("objdump"):
+        code = subprocess.run(["objdump", "-d", str(avx2)], capture_output=True, text=True).stdout
+        assert "ymm" in code and "zmm" not in code
+    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "c"))
+    assert csrc_build.load()._name == str(avx2)
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 7):
+        for n, k in ((960, 576), (10, 37)):
+            x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+            torch.testing.assert_close(custom_ops.skinny_linear(x, w), x @ w.t(),
+                                       atol=1e-4, rtol=1e-4)
+    monkeypatch.setenv(csrc_build.ARCH_ENV, "native -O0")
+    with pytest.raises(csrc_build.KernelBuildError, match="not a -march name"):
+        csrc_build.build()
+
+
+BF16_LOAD = """
+import json, sys, warnings
+import minivllm, torch
+from minivllm.model.llama import LlamaModel
+from minivllm.model.loader import load_config, load_weights
+config = load_config(sys.argv[1])
+weights = load_weights(sys.argv[1], config)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+        LlamaModel(config, weights, torch.bfloat16)
+print(json.dumps([str(w.message) for w in caught if "bfloat16" in str(w.message)]))
+"""
+
+
+@pytest.mark.parametrize("arch", ["native", "x86-64-v3"])
+def test_a_bfloat16_model_warns_once_where_bfloat16_is_emulated(tmp_path, arch):
+    """Loaded twice in a fresh process (torch's ISA is fixed at its start): x86-64-v3 holds
+    oneDNN to AVX2, so bfloat16 is emulated there whatever this CPU has."""
+    from minivllm.model import cpu_features
+    env = dict(os.environ, MINIVLLM_CPU_ARCH=arch, MINIVLLM_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", BF16_LOAD, make_tiny_model_dir(str(tmp_path))],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    warned = json.loads(done.stdout.splitlines()[-1])
+    if arch == "native" and cpu_features.bf16_missing() is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1, warned
+        assert "bfloat16 is emulated on this CPU" in warned[0]
+        assert "slower than in float32" in warned[0]

@@ -2,8 +2,10 @@
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
-minivllm.model.csrc_build` does it ahead of time. Without a compiler, or with
-MINIVLLM_CUSTOM_OPS=torch, `load()` returns None and the model runs the torch versions.
+minivllm.model.csrc_build` does it ahead of time, and times each op against torch
+(op_selection.py). Without a compiler, or with MINIVLLM_CUSTOM_OPS=torch, `load()` returns
+None and the model runs the torch versions. MINIVLLM_CPU_ARCH=x86-64-v3 builds for an AVX2 CPU
+without AVX-512 (minivllm then also holds torch's kernels to AVX2: see minivllm/__init__.py).
 
 Two compile steps on purpose: -ffast-math (vectorised expf, reassociated sums) applies to the
 ops' object only. Linking a shared library with it would, on gcc 12, add crtfastmath, which
@@ -17,6 +19,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -25,10 +28,8 @@ import warnings
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
-ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "c" (the default where it builds) or "torch"
-COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
-if platform.machine() in ("x86_64", "AMD64"):
-    COMPILE_FLAGS.append("-mprefer-vector-width=512")  # gcc's default stops at 256 bits
+ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
+ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
 LIBS = ["-lm"]  # with libmvec, the vector expf
 
@@ -41,6 +42,19 @@ def cache_dir() -> Path:
     root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minivllm")
     return Path(root) / "kernels"
+
+
+def compile_flags() -> list[str]:
+    """-march from MINIVLLM_CPU_ARCH: "x86-64-v3" builds the ops as for an AVX2-only CPU (no
+    AVX-512) on any x86 machine, to see what a reader with such a CPU gets."""
+    arch = os.environ.get(ARCH_ENV, "native")
+    if not re.fullmatch(r"[\w.+-]+", arch):
+        raise KernelBuildError(f"{ARCH_ENV}={arch!r} is not a -march name: try native or "
+                               f"x86-64-v3")
+    flags = ["-O3", f"-march={arch}", "-ffast-math", "-fopenmp", "-fPIC"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags.append("-mprefer-vector-width=512")  # gcc's default stops at 256 bits
+    return flags
 
 
 def _cpu_id() -> str:
@@ -57,8 +71,8 @@ def build(compiler: str | None = None) -> Path:
     cc = compiler or os.environ.get("CC") or "gcc"
     if shutil.which(cc) is None:
         raise KernelBuildError(f"no C compiler {cc!r} on PATH (set CC, or install gcc)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+    source, flags = SOURCE.read_bytes(), compile_flags()
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags + LINK_FLAGS).encode(),
                                      cc.encode(), _cpu_id().encode()])).hexdigest()[:16]
     target = cache_dir() / f"cpu_ops-{key}.so"
     if target.exists():
@@ -66,7 +80,7 @@ def build(compiler: str | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         obj, lib = Path(tmp, "k.o"), Path(tmp, "k.so")
-        for cmd in ([cc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+        for cmd in ([cc, *flags, "-c", str(SOURCE), "-o", str(obj)],
                     [cc, *LINK_FLAGS, str(obj), "-o", str(lib), *LIBS]):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if done.returncode:
@@ -103,8 +117,13 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # build, time each op against torch again, print the choice
     try:
         print(build())
     except KernelBuildError as exc:
         sys.exit(f"could not build the CPU ops: {exc}")
+    from minivllm.bench.common import print_table
+    from minivllm.model import op_selection
+    print_table(op_selection.table(op_selection.load_or_measure(remeasure=True)),
+                ["op", "rows", "runs", "c_us", "torch_us", "c_speedup"])
+    print(f"cached in {op_selection.choice_file()}")

@@ -1,5 +1,6 @@
-"""The model's fused ops: the C version (csrc/cpu_ops.c) where it is built and the tensors
-are float32, else the torch version, which is also the reference the tests compare against.
+"""The model's fused ops: the C version (csrc/cpu_ops.c) where it is built, the tensors are
+float32 and it measured faster than torch on this CPU (op_selection.py), else the torch version,
+which is also the reference the tests compare against.
 
 Most are custom ops in vLLM too (vllm/_custom_ops.py). On the 2-core machine this was written
 on, they took a batch-32 decode step of SmolLM2 from about 40 to 33 ms: decode attention in
@@ -13,15 +14,47 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model import csrc_build
+from minivllm.model import cpu_features, csrc_build, op_selection
 from minivllm.model.kv_layout import key_blocks, value_blocks, write_kv
 
+_choices: dict[str, str] | None = None  # op key ("paged_decode/many") -> "c" or "torch"
 
-def _ops(*tensors: torch.Tensor | None):
-    """The C library when it is loaded and every tensor given is float32, else None."""
+
+def choices() -> dict[str, str]:
+    """Which ops run in C, resolved on first use (op_selection.resolve: measured or cached)."""
+    global _choices
+    if _choices is None:
+        _choices = op_selection.resolve()
+    return _choices
+
+
+def set_choices(new: dict[str, str] | str | None) -> dict[str, str] | None:
+    """Run the ops as `new` says from now on ("c" or "torch" for all of them, None: resolve
+    again on next use); returns what it replaces, to restore. The bench interleaves all-C,
+    all-torch and the measured choice in one run this way."""
+    global _choices
+    previous = _choices
+    _choices = dict.fromkeys(op_selection.OPS, new) if isinstance(new, str) else new
+    return previous
+
+
+def prepare(dtype: torch.dtype) -> None:
+    """At model load, not in the first step: in float32, build the C ops and choose which run
+    here (timed once per CPU, then cached); in bfloat16 on a CPU without it, warn (once)."""
+    if dtype == torch.float32:
+        choices()
+    else:
+        cpu_features.warn_if_bf16_emulated(dtype)
+
+
+def _ops(name: str, rows: int, *tensors: torch.Tensor | None):
+    """The C library when op `name` runs in C at this many rows and every tensor given is
+    float32, else None."""
     for t in tensors:
         if t is not None and t.dtype != torch.float32:
             return None
+    if choices().get(f"{name}/{op_selection.rows_class(rows)}") != "c":
+        return None
     return csrc_build.load()
 
 
@@ -33,7 +66,7 @@ def _check(rc: int, name: str) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
              delta: torch.Tensor | None = None) -> torch.Tensor:
     """x += delta in place (when given), then RMSNorm(x) (scaled by weight when given)."""
-    ops = _ops(x, weight, delta)
+    ops = _ops("add_rms_norm", x.shape[0], x, weight, delta)
     if ops is None or not x.is_contiguous():
         if delta is not None:
             x += delta
@@ -49,7 +82,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """(n, 2I) -> silu(gate) * up, (n, I)."""
     n, two_i = gate_up.shape
-    ops = _ops(gate_up)
+    ops = _ops("silu_and_mul", n, gate_up)
     if ops is None:
         return F.silu(gate_up[:, :two_i // 2]).mul_(gate_up[:, two_i // 2:])
     gate_up = gate_up.contiguous()
@@ -63,7 +96,7 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
                    kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """RoPE on the q and k heads of qkv (n, (H + 2 KVH) D), in place, with the rotate_half
     tables (cos, sin by position; sin carries the sign), then k and v into the cache."""
-    ops = _ops(qkv, cos, kv_cache)
+    ops = _ops("rope_and_cache", qkv.shape[0], qkv, cos, kv_cache)
     if ops is not None and qkv.stride(1) == 1:
         keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
         positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
@@ -85,7 +118,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Decode attention, q (n, H, D) -> (n, H * D), in C; None where the C op cannot run it
     (not built, not float32, a shape past its limits): attention.py then runs torch."""
-    ops = _ops(q, kv_cache)
+    ops = _ops("paged_decode", q.shape[0], q, kv_cache)
     if ops is None:
         return None
     n, heads, head_dim = q.shape
@@ -107,7 +140,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """(B, V) -> (B,) int64: the greedy tokens."""
-    ops = _ops(logits)
+    ops = _ops("argmax_rows", logits.shape[0] if logits.dim() else 0, logits)
     if ops is None or not logits.is_contiguous() or logits.dim() != 2 or logits.shape[1] == 0:
         return logits.argmax(dim=-1)
     out = torch.empty(logits.shape[0], dtype=torch.int64)
@@ -118,7 +151,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """x (M, K) @ w^T for w (N, K) and 1 <= M <= 7 rows -> (M, N), or None where the C op does
     not run it (not built, not float32, more rows, odd N): llama.Linear then uses its bmm."""
-    ops = _ops(x, w)
+    ops = _ops("skinny_linear", x.shape[0], x, w)
     if ops is None or not w.is_contiguous():
         return None
     x = x.contiguous()

@@ -21,6 +21,10 @@
 #define MAX_D 256
 #define MAX_BS 64
 #define LINE_FLOATS 16  /* floats in a 64-byte cache line: the prefetch stride */
+/* Below this many floats of work a loop runs on the calling thread, as torch does below its
+ * GRAIN_SIZE (32768, ATen/Parallel.h): a parallel region costs a wake-up and a barrier, and on a
+ * busy machine a sibling thread that is not scheduled holds the barrier for a time slice. */
+#define PARALLEL_MIN 32768
 
 /* RoPE on the q and k heads of each token's qkv row, in place, then k and v into the cache
  * (vLLM: rotary_embedding, vllm/_custom_ops.py:212, and reshape_and_cache, :2589).
@@ -33,7 +37,7 @@ int rope_and_cache(float *restrict qkv, int64_t row_stride, int64_t n,
                    float *restrict k_blocks, float *restrict v_blocks, int64_t NB, int64_t BS,
                    const int64_t *restrict slots) {
     if (D > MAX_D || D % 2) return -1;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if(n > 1 && n * row_stride >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         float *row = qkv + i * row_stride, x[MAX_D];
         const float *c = cos + positions[i] * D, *s = sin + positions[i] * D;
@@ -60,7 +64,7 @@ int rope_and_cache(float *restrict qkv, int64_t row_stride, int64_t n,
 /* out (n, I) = silu(x[:, :I]) * x[:, I:] for x (n, 2I) (vLLM: the silu_and_mul op,
  * vllm/model_executor/layers/activation.py:115). */
 int silu_and_mul(const float *restrict x, float *restrict out, int64_t n, int64_t I) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if(n > 1 && n * I >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *gate = x + i * 2 * I, *up = gate + I;
         #pragma omp simd
@@ -72,10 +76,16 @@ int silu_and_mul(const float *restrict x, float *restrict out, int64_t n, int64_
 /* y (M, N) = x (M, K) @ w^T for a few rows (decode at batch 1-7), w (N, K) row-major.
  * Memory-bound: every weight is read once and used M times. Each thread streams a contiguous
  * range of weight rows, two at a time (two accumulator chains per x row), prefetching ahead;
- * the x rows stay in L1. GCC vector extensions: AVX-512 with -march=native, narrower
- * vectors elsewhere. */
+ * the x rows stay in L1. GCC vector extensions, as wide as the CPU's registers: a 64-byte
+ * vector on a CPU without AVX-512 is split into pairs that gcc keeps on the stack, which ran
+ * slower than torch there; 32 bytes keep the sums in AVX2 registers. */
+#if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64)));
 #define LANES 16
+#else
+typedef float vec __attribute__((vector_size(32)));
+#define LANES 8
+#endif
 #define MAX_SKINNY 7
 
 static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
@@ -134,7 +144,7 @@ int skinny_linear(const float *restrict x, const float *restrict w, float *restr
  * it: two vectorised passes, about 3x torch's argmax on 32 x 49152 here. Rows with NaN give
  * some index of that row (the loop is bounded; fast-math assumes no NaN). */
 int argmax_rows(const float *restrict x, int64_t *restrict out, int64_t n, int64_t V) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if(n > 1 && n * V >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * V;
         float m = row[0];
@@ -151,7 +161,7 @@ int argmax_rows(const float *restrict x, int64_t *restrict out, int64_t n, int64
  * row by row over (n, hidden) (vLLM: fused_add_rms_norm, vllm/_custom_ops.py:332). */
 int add_rms_norm(float *restrict x, const float *restrict delta, const float *restrict weight,
                  float *restrict out, int64_t n, int64_t hidden, float eps) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if(n > 1 && n * hidden >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         float *row = x + i * hidden, *o = out + i * hidden, sq = 0.f;
         if (delta) {
