@@ -26,17 +26,9 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionChoice, ChatComp
                                                   ChatCompletionStreamResponse, DeltaMessage,
                                                   ResponseMessage)
 from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                        random_id, sse, usage)
+                                                        openai_finish_reason, random_id, sse,
+                                                        usage)
 from minivllm.utils import tracing
-
-
-def openai_finish_reason(reason: str | None) -> str | None:
-    """The engine's "abort" and "error" never reach a client that is still listening as a
-    normal end: "error" raises before this, so only stop and length remain."""
-    if reason == "error":
-        raise OpenAIError("the engine failed this request (see the server log)", 500,
-                          "InternalServerError")
-    return reason
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -73,7 +65,7 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             await results.aclose()
         choices = [ChatCompletionChoice(i, ResponseMessage(final[i].outputs[0].text),
-                                        openai_finish_reason(final[i].outputs[0].finish_reason))
+                                        openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]
         completion = sum(len(o.outputs[0].token_ids) for o in final.values())
         return ChatCompletionResponse(request_id, model, choices, usage(num_prompt, completion))
@@ -92,7 +84,7 @@ class OpenAIServingChat(OpenAIServing):
             completion = 0
             async for i, out in results:
                 c = out.outputs[0]
-                finish = openai_finish_reason(c.finish_reason) if out.finished else None
+                finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
                     delta = DeltaMessage(content=c.text[sent[i]:])
                     sent[i] = len(c.text)

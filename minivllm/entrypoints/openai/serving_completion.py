@@ -16,9 +16,9 @@ from typing import AsyncGenerator, AsyncIterator
 from minivllm.engine.output_processor import RequestOutput
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
-from minivllm.entrypoints.openai.serving_chat import openai_finish_reason
 from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                        random_id, sse, usage)
+                                                        openai_finish_reason, random_id, sse,
+                                                        usage)
 from minivllm.utils import tracing
 
 
@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             await results.aclose()
         choices = [CompletionChoice(i, final[i].outputs[0].text,
-                                    openai_finish_reason(final[i].outputs[0].finish_reason))
+                                    openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]
         completion = sum(len(o.outputs[0].token_ids) for o in final.values())
         return CompletionResponse(request_id, model, int(time.time()), choices,
@@ -72,7 +72,7 @@ class OpenAIServingCompletion(OpenAIServing):
             completion = 0
             async for i, out in results:
                 c = out.outputs[0]
-                finish = openai_finish_reason(c.finish_reason) if out.finished else None
+                finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
                     choice = CompletionChoice(i, c.text[sent[i]:], finish)
                     sent[i] = len(c.text)

@@ -19,7 +19,7 @@ from typing import Any, AsyncGenerator, AsyncIterator
 import numpy as np
 import pydantic
 
-from minivllm.engine.output_processor import RequestOutput
+from minivllm.engine.output_processor import CompletionOutput, RequestOutput
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, SamplingFields,
                                                   UsageInfo, to_json)
@@ -79,6 +79,15 @@ def sse(body: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def openai_finish_reason(completion: CompletionOutput) -> str:
+    """"stop" or "length". The engine's "error" (a request it refused or failed) becomes an
+    error with its reason; "abort" only reaches a consumer that left, so nobody reads it."""
+    if completion.finish_reason == "error":
+        raise OpenAIError(f"the engine failed this request: {completion.stop_reason}",
+                          HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+    return completion.finish_reason
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
