@@ -263,9 +263,10 @@ class _Run:
     def _end(self) -> None:
         if self.failure is None and not self.pruned and not all(self.finished):
             waiting = [self.names[i] for i in range(len(self.names)) if not self.finished[i]]
-            self.fail("deadlock: " + " and ".join(waiting) + " are all waiting, and nobody "
-                      "will store anything they could wake up for. A real run would hang "
-                      "here until it timed out.")
+            verb = "is waiting" if len(waiting) == 1 else "are all waiting"
+            self.fail(f"deadlock: {' and '.join(waiting)} {verb}, and nobody will store "
+                      "anything they could wake up for. A real run would hang here until it "
+                      "timed out.")
         self.aborting = True
         self.done.set()
         raise Abort()
