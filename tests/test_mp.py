@@ -2,6 +2,7 @@
 escalating shutdown; and the serve process count of vLLM's docs."""
 
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.resource_tracker
 import os
 import signal
@@ -21,6 +22,7 @@ CONTEXTS = ["fork", "spawn"]
 # before any test takes its leak snapshot, so that it is not counted as a leaked process.
 multiprocessing.resource_tracker.ensure_running()
 ORPHAN_EXIT_WAIT_S = 15.0  # generous: PARENT_DEATH_GRACE_S plus a loaded 2-core machine
+BYSTANDER_S = 60.0  # a plain fork that outlives every wait below (the test kills it)
 
 
 # --- child targets (module level, so spawn can import them) --------------------------------
@@ -58,6 +60,19 @@ def parent_of_two(link):
     """A middle process: launches two children and reports their pids."""
     kids = [mp.launch(echo_ready, f"kid{i}", args=(i,), ready_timeout=30) for i in range(2)]
     link.ready([k.pid for k in kids])
+    while True:
+        time.sleep(0.1)
+
+
+def forks_a_bystander(link, with_kid):
+    """A middle process that forks a plain child outside launch() (a bystander that sleeps),
+    and optionally launches a kid first; reports [bystander pid, kid pid or None]."""
+    kid = mp.launch(echo_ready, "kid", args=(0,), ready_timeout=30) if with_kid else None
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(BYSTANDER_S)
+        os._exit(0)
+    link.ready([pid, kid.pid if kid else None])
     while True:
         time.sleep(0.1)
 
@@ -187,6 +202,45 @@ def test_children_exit_by_themselves_when_their_parent_is_killed(method):
         os.kill(p, signal.SIGKILL)
     assert not alive, f"children {alive} outlived their SIGKILLed parent by {ORPHAN_EXIT_WAIT_S} s"
     assert middle.shutdown() == "exited"
+
+
+def _kill(*pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+
+
+@pytest.mark.parametrize("method", CONTEXTS)
+def test_a_plain_fork_does_not_keep_a_child_alive_after_its_parent_is_killed(method):
+    """The bystander, forked outside launch(), must not hold a copy of the kid's death pipe."""
+    middle = mp.launch(forks_a_bystander, "middle", args=(True,), context=ctx(method),
+                       ready_timeout=60)
+    bystander, kid = middle.ready_message
+    try:
+        os.kill(middle.pid, signal.SIGKILL)
+        alive = _wait_gone([kid], ORPHAN_EXIT_WAIT_S)
+        assert not alive, "the kid outlived its SIGKILLed parent while a plain fork of it lived"
+    finally:
+        _kill(bystander, kid)
+        middle.shutdown()
+
+
+@pytest.mark.parametrize("method", CONTEXTS)
+def test_a_childs_sentinel_fires_when_it_dies_not_when_its_forks_do(method):
+    middle = mp.launch(forks_a_bystander, "middle", args=(False,), context=ctx(method),
+                       ready_timeout=60)
+    bystander, _ = middle.ready_message
+    try:
+        os.kill(middle.pid, signal.SIGKILL)
+        fired = multiprocessing.connection.wait([middle.sentinel], ORPHAN_EXIT_WAIT_S)
+        assert fired, f"the sentinel did not fire within {ORPHAN_EXIT_WAIT_S} s of SIGKILL"
+        start = time.monotonic()
+        assert middle.shutdown() == "exited"
+        assert time.monotonic() - start < 5, "shutdown waited for the bystander"
+    finally:
+        _kill(bystander)
 
 
 # --- the process count ----------------------------------------------------------------------

@@ -8,12 +8,20 @@ and a shutdown that escalates.
 The child's target is called as target(link, *args, **kwargs). It sets itself up, calls
 link.ready(message), then works until link.should_stop() (or link.wait_stop()).
 
-Two pipes join parent and child (vLLM's pair, vllm/v1/executor/multiproc_executor.py:825-827):
+Three pipes join parent and child (the first two are vLLM's pair,
+vllm/v1/executor/multiproc_executor.py:825-827):
 
     ready pipe  child -> parent   one message: ("ready", message) or ("error", traceback)
     death pipe  parent -> child   b"stop" asks the child to stop; EOF means the parent is gone,
                                   because the kernel closes the parent's end when it dies,
                                   even of SIGKILL
+    alive pipe  child -> parent   never written: EOF (ProcHandle.sentinel readable) means the
+                                  child is gone
+
+An end only means "gone" while no other process holds a copy, and every fork copies every
+descriptor. So a fork made anywhere in a process (launch() or not, os.fork included) closes, in
+the new child, the death-pipe ends of that process's children and its own alive-pipe end
+(_after_fork_in_child). multiprocessing's own sentinel lacks this: a child's forks keep it open.
 """
 
 from __future__ import annotations
@@ -150,14 +158,13 @@ def _watch_parent(death_conn: multiprocessing.connection.Connection, link: Child
 
 
 def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, death_conn,
-                parent_ends: list) -> None:
-    # Under fork the child holds copies of the parent's pipe ends; an open copy of a death
-    # pipe's write end would hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
+                alive_conn, parent_ends: list) -> None:
+    # Under fork the child holds copies of this launch's parent ends (the ones of earlier
+    # launches went in _after_fork_in_child); an open copy of a death pipe's write end would
+    # hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
     for conn in parent_ends:
         conn.close()
-    for handle in list(_LIVE):  # the parent's children are not ours to stop
-        handle._finalizer.detach()
-        _LIVE.discard(handle)
+    _OWN_ALIVE_ENDS.append(alive_conn)  # held until this process exits
     signal.signal(signal.SIGTERM, _raise_system_exit)
     link = ChildLink(name, ready_conn)
     watcher = threading.Thread(target=_watch_parent, args=(death_conn, link), daemon=True,
@@ -179,7 +186,19 @@ def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, d
 
 
 # --- the parent's side ----------------------------------------------------------------------
-def _escalate(process, death_writer, stop_timeout: float, term_timeout: float) -> str:
+REAP_POLL_S = 0.001  # after the alive pipe closes the child is a zombie within moments
+
+
+def _join(process, alive, timeout: float) -> None:
+    """Wait at most timeout s for the child to exit, on the alive pipe (process.join(timeout)
+    waits on multiprocessing's sentinel, which the child's own forks may hold open)."""
+    deadline = time.monotonic() + timeout
+    if multiprocessing.connection.wait([alive], timeout):
+        while process.is_alive() and time.monotonic() < deadline:  # is_alive() reaps
+            time.sleep(REAP_POLL_S)
+
+
+def _escalate(process, death_writer, alive, stop_timeout: float, term_timeout: float) -> str:
     """Ask, then SIGTERM, then SIGKILL; returns the step that ended the process."""
     how = "exited"
     if process.is_alive():
@@ -187,11 +206,11 @@ def _escalate(process, death_writer, stop_timeout: float, term_timeout: float) -
             death_writer.send_bytes(STOP_REQUEST)
         except OSError:
             pass  # the child is already gone
-        process.join(stop_timeout)
+        _join(process, alive, stop_timeout)
     if process.is_alive():
         how = "terminated"
         process.terminate()
-        process.join(term_timeout)
+        _join(process, alive, term_timeout)
     if process.is_alive():
         how = "killed"
         process.kill()
@@ -201,17 +220,33 @@ def _escalate(process, death_writer, stop_timeout: float, term_timeout: float) -
 
 
 _LIVE: "weakref.WeakSet[ProcHandle]" = weakref.WeakSet()
+_OWN_ALIVE_ENDS: list = []  # a launched child: the write end of its own alive pipe
+
+
+def _after_fork_in_child() -> None:
+    """In every new fork: drop the copies that would hide a death (see the module docstring).
+    The parent's children are not ours to stop either."""
+    for handle in list(_LIVE):
+        handle._finalizer.detach()
+        handle._death_writer.close()
+        _LIVE.discard(handle)
+    for conn in _OWN_ALIVE_ENDS:
+        conn.close()
+    _OWN_ALIVE_ENDS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ProcHandle:
     """The parent's handle on one launched child. Use as a context manager, or call shutdown()."""
 
-    def __init__(self, name: str, process, death_writer):
+    def __init__(self, name: str, process, death_writer, alive_reader):
         self.name, self.process = name, process
         self.ready_message: Any = None
         self.shutdown_how: str | None = None
-        self._death_writer = death_writer
-        self._finalizer = weakref.finalize(self, _escalate, process, death_writer,
+        self._death_writer, self._alive = death_writer, alive_reader
+        self._finalizer = weakref.finalize(self, _escalate, process, death_writer, alive_reader,
                                            STOP_GRACE_S, TERM_GRACE_S)
         _LIVE.add(self)
 
@@ -221,8 +256,9 @@ class ProcHandle:
 
     @property
     def sentinel(self) -> int:
-        """A file descriptor that becomes readable when the child exits (for select/poll)."""
-        return self.process.sentinel
+        """A file descriptor that becomes readable when the child exits (for select/poll):
+        the alive pipe, which, unlike process.sentinel, the child's own forks do not hold."""
+        return self._alive.fileno()
 
     def is_alive(self) -> bool:
         return self.process.is_alive()
@@ -239,7 +275,8 @@ class ProcHandle:
         """Stop the child: request, wait `timeout` s, SIGTERM, wait, SIGKILL. Idempotent."""
         if self._finalizer.alive:
             self._finalizer.detach()
-            self.shutdown_how = _escalate(self.process, self._death_writer, timeout, term_timeout)
+            self.shutdown_how = _escalate(self.process, self._death_writer, self._alive, timeout,
+                                          term_timeout)
             _LIVE.discard(self)
         return self.shutdown_how or "exited"
 
@@ -252,11 +289,6 @@ class ProcHandle:
     def __repr__(self) -> str:
         state = self.shutdown_how or ("alive" if self.is_alive() else "exited")
         return f"<ProcHandle {self.name} pid={self.pid} {state}>"
-
-
-def _ends_a_fork_copies() -> list:
-    """Parent ends of every live child's death pipe: a forked child must close its copies."""
-    return [h._death_writer for h in list(_LIVE) if not h._death_writer.closed]
 
 
 def _wait_ready(handle: ProcHandle, ready_reader, timeout: float) -> Any:
@@ -305,14 +337,15 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
                                   f"child: {e}. Define it at the top level of a module") from e
     ready_reader, ready_writer = ctx.Pipe(duplex=False)
     death_reader, death_writer = ctx.Pipe(duplex=False)
-    parent_ends = _ends_a_fork_copies() + [ready_reader, death_writer] if forking else []
+    alive_reader, alive_writer = ctx.Pipe(duplex=False)
+    parent_ends = [ready_reader, death_writer, alive_reader] if forking else []
     process = ctx.Process(target=_child_main, name=name, daemon=daemon,
                           args=(sent_target, tuple(args), dict(kwargs or {}), name, ready_writer,
-                                death_reader, parent_ends))
+                                death_reader, alive_writer, parent_ends))
     process.start()
-    ready_writer.close()  # the child holds these ends now
-    death_reader.close()
-    handle = ProcHandle(name, process, death_writer)
+    for end in (ready_writer, death_reader, alive_writer):  # the child holds these ends now
+        end.close()
+    handle = ProcHandle(name, process, death_writer, alive_reader)
     try:
         handle.ready_message = _wait_ready(handle, ready_reader, ready_timeout)
     except BaseException:
