@@ -104,7 +104,7 @@ async def stream_completion(host: str, port: int, body: bytes) -> RequestResult:
     return result
 
 
-async def run_load(host: str, port: int, model: str, prompts: list[list[int]], output_len: int,
+async def run_load(host: str, port: int, prompts: list[list[int]], output_len: int,
                    concurrency: int, desc: str) -> tuple[list[RequestResult], float]:
     """Closed loop: `concurrency` requests in flight until every prompt is served."""
     semaphore = asyncio.Semaphore(concurrency)
@@ -112,7 +112,7 @@ async def run_load(host: str, port: int, model: str, prompts: list[list[int]], o
 
     async def one(prompt: list[int]) -> RequestResult:
         body = msgspec.json.encode({
-            "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+            "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
         async with semaphore:
             result = await stream_completion(host, port, body)
@@ -222,16 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     inproc_engine = InprocEngine(config, max(args.max_concurrency))
     with contextlib.closing(inproc_engine), ServerProcess([*([args.model] if args.model else []), *args.server_args.split()]) as server:
         port = server.port
-        model_name = os.path.basename(os.path.normpath(config.model))
         for c in args.max_concurrency:
             n = args.num_prompts or 2 * c
             prompts = random_prompts(n, args.random_input_len, config.model_config.vocab_size)
             # Warm-up runs of the same load: first steps of each batch shape are slow (oneDNN
             # primitives are created per shape, KV-cache pages are touched for the first time).
-            asyncio.run(run_load("127.0.0.1", port, model_name, prompts,
+            asyncio.run(run_load("127.0.0.1", port, prompts,
                                  args.random_output_len, c, "warm-up"))
             cpu0 = time.process_time()
-            results, wall = asyncio.run(run_load("127.0.0.1", port, model_name, prompts,
+            results, wall = asyncio.run(run_load("127.0.0.1", port, prompts,
                                                  args.random_output_len, c, f"serve c={c}"))
             served = summarize("serve", c, results, wall, (time.process_time() - cpu0) / wall)
             run_inproc(inproc_engine, prompts, args.random_output_len, c)  # warm-up

@@ -34,6 +34,7 @@ from minivllm.utils.process_count import serve_process_count
 from minivllm.utils.resource_names import private_dir
 
 DEFAULT_PORT = 8000
+BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_SERVER_READY_TIMEOUT_S = 120.0  # an API server connects to running engines: seconds
 STOP_POLL_S = 0.2  # how often an API server process checks for its launcher's stop request
 
@@ -57,7 +58,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("MINIVLLM_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None,
-                   help="names clients use for the model (default: the model's file name)")
+                   help="names clients use for the model (default: MODEL as given)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write a Chrome/Perfetto trace of every process to FILE at exit")
     return p
@@ -80,10 +81,9 @@ def engine_config(args: argparse.Namespace) -> Any:
     return EngineConfig(**kwargs)
 
 
-def served_names(args: argparse.Namespace, model_path: str) -> list[str]:
-    if args.served_model_name:
-        return list(args.served_model_name)
-    return [os.path.basename(os.path.normpath(model_path))]
+def served_names(args: argparse.Namespace) -> list[str]:
+    """As vLLM: --served-model-name, else MODEL as given, else the bundled model's name."""
+    return list(args.served_model_name or [args.model or BUNDLED_MODEL_NAME])
 
 
 async def run_api_server(args: argparse.Namespace, sock: socket.socket,
@@ -100,7 +100,7 @@ async def run_api_server(args: argparse.Namespace, sock: socket.socket,
     else:
         engine = AsyncLLM(config, client_addresses=client_addresses, client_index=client_index)
     try:
-        app = build_app(engine, served_names(args, config.model), args.api_key)
+        app = build_app(engine, served_names(args), args.api_key)
         return await serve_http(app, sock, engine,
                                 on_started=on_ready and (lambda: on_ready(config)))
     finally:
@@ -110,7 +110,7 @@ async def run_api_server(args: argparse.Namespace, sock: socket.socket,
 def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
     """Where the server listens, and its processes next to chapter 01's formula."""
     import psutil
-    names = served_names(args, config.model)
+    names = served_names(args)
     print(f"minivllm serve: listening on http://{args.host}:{args.port}/v1 "
           f"(model {config.model}, served as {names[0]!r})", flush=True)
     me = psutil.Process()
