@@ -1,4 +1,4 @@
-"""Figure of chapter 03: the engine's two ZMQ channels.
+"""Figure of chapter 03: the engine's two ZMQ channels, and the DP coordinator's.
 
     .venv/bin/python figures/make_03.py      writes figures/03_engine_sockets.png
 """
