@@ -1,0 +1,204 @@
+"""The judge's tests for exercise 411. Each receives the learner's module as `ex`.
+
+Workers are real processes. The first test runs the learner's worker_main in a process the
+judge starts, with the judge's queues; the rest drive the learner's Executor. Times are
+generous bounds (a death must fail a pending call well before its own deadline), never
+measurements.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+
+from minivllm.judge.api import Fail, check_equal, test
+
+QUIET_S = 0.5  # how long the judge waits where no reply should come
+DETECT_S = 3.0  # a dead worker noticed later than this was not watched (the goal is < 1 s)
+
+
+def _raises(fn, exc_type, must_contain, what):
+    """Call fn; it must raise exc_type whose message holds every string in must_contain."""
+    try:
+        got = fn()
+    except exc_type as e:
+        missing = [s for s in must_contain if s not in str(e)]
+        if missing:
+            raise Fail(f"{what}: the {exc_type.__name__} must say {missing}",
+                       expected=f"a message with {must_contain}", got=str(e))
+        return str(e)
+    except Exception as e:
+        raise Fail(f"{what} must raise {exc_type.__name__}", got=repr(e))
+    raise Fail(f"{what} must raise {exc_type.__name__}", got=got)
+
+
+class Running:
+    """An Executor that is shut down whatever the test did."""
+
+    def __init__(self, ex, n):
+        self.executor = ex.Executor(n)
+
+    def __enter__(self):
+        return self.executor
+
+    def __exit__(self, *exc):
+        self.executor.shutdown()
+
+
+@test(input="worker_main(3, ...) in a process: rank, echo, boom on rank 3, a reply only for "
+            "output_rank 1 (none) and 3, an unknown method, then None", timeout=20)
+def worker_loop(ex):
+    stop_at_once = queue.Queue()
+    stop_at_once.put(None)
+    ex.worker_main(0, stop_at_once, queue.Queue())  # returns at None (here, in this process)
+    ctx = mp.get_context("fork")
+    requests, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=ex.worker_main, args=(3, requests, replies))
+    proc.start()
+    try:
+        def call(request, what):
+            requests.put(request)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    return replies.get(timeout=0.1)
+                except queue.Empty:
+                    if not proc.is_alive():
+                        raise Fail(f"the worker process exited (code {proc.exitcode}) instead of "
+                                   f"replying to {request} ({what})") from None
+            raise Fail(f"no reply to {request} within 10 s ({what})")
+        check_equal(call((1, "get_rank", (), None), "rank"), (1, 3, "ok", 3),
+                    "the reply to (1, 'get_rank', (), None): (call_id, rank, status, result)")
+        check_equal(call((2, "echo", ({"a": [1]},), None), "echo"), (2, 3, "ok", {"a": [1]}),
+                    "the reply to (2, 'echo', ({'a': [1]},), None)")
+        reply = call((3, "boom", (3,), None), "boom")
+        if reply[:3] != (3, 3, "error") or "ValueError" not in str(reply[3]):
+            raise Fail("a method that raises: reply (call_id, rank, 'error', 'ValueError: ...') "
+                       "and keep serving", expected=(3, 3, "error", "ValueError: boom on rank 3"),
+                       got=reply)
+        requests.put((4, "get_rank", (), 1))
+        try:
+            got = replies.get(timeout=QUIET_S)
+        except queue.Empty:
+            pass
+        else:
+            raise Fail("worker 3 replied to a call whose output_rank is 1: only the output rank "
+                       "replies (the others run the method and stay silent)", got=got)
+        check_equal(call((5, "get_rank", (), 3), "output rank 3"), (5, 3, "ok", 3),
+                    "the reply to a call whose output_rank is this worker's")
+        reply = call((6, "no_such_method", (), None), "unknown method")
+        if reply[:3] != (6, 3, "error") or "AttributeError" not in str(reply[3]):
+            raise Fail("an unknown method: reply 'error' with the AttributeError",
+                       expected=(6, 3, "error", "AttributeError: ..."), got=reply)
+        requests.put(None)
+        proc.join(10)
+        check_equal(proc.exitcode, 0, "worker_main's exit code after None")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+@test(input="Executor(3): get_rank; echo; sleep [0.4, 0.2, 0] (replies out of order); "
+            "get_rank with output_rank=1", timeout=40)
+def gathers_in_rank_order(ex):
+    with Running(ex, 3) as e:
+        check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank')")
+        check_equal(e.collective_rpc("echo", ("x",)), ["x", "x", "x"],
+                    "collective_rpc('echo', ('x',))")
+        check_equal(e.collective_rpc("sleep", ([0.4, 0.2, 0],)), ["slept 0.4", "slept 0.2",
+                                                                  "slept 0"],
+                    "collective_rpc('sleep', ([0.4, 0.2, 0],)): results in rank order")
+        check_equal(e.collective_rpc("get_rank", output_rank=1), 1,
+                    "collective_rpc('get_rank', output_rank=1): the output rank's result alone")
+        check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank') again")
+
+
+@test(input="Executor(3): boom on rank 1; then get_rank", timeout=40)
+def error_names_the_worker(ex):
+    with Running(ex, 3) as e:
+        _raises(lambda: e.collective_rpc("boom", (1,), timeout=20), RuntimeError,
+                ["worker 1", "ValueError", "boom"], "collective_rpc('boom', (1,)) (rank 1 raises)")
+        check_equal(e.collective_rpc("get_rank", timeout=20), [0, 1, 2],
+                    "collective_rpc('get_rank') after the failed call (the replies of ranks 0 "
+                    "and 2 to it must not answer this one)")
+
+
+@test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then get_rank; sleep "
+            "[0.4, 0.4, 0.4] with timeout=5", timeout=40)
+def one_deadline(ex):
+    with Running(ex, 3) as e:
+        e.collective_rpc("get_rank", timeout=20)  # the workers are up
+        what = ("sleep [1.0, 2.0, 3.0] with timeout=2.5 (one deadline for the whole call, not a "
+                "fresh timeout per worker)")
+        message = _raises(lambda: e.collective_rpc("sleep", ([1.0, 2.0, 3.0],), timeout=2.5),
+                          TimeoutError, [], what)
+        if "worker 2" not in message and "worker 1" not in message:  # 1 only on a slow machine
+            raise Fail(f"{what}: the TimeoutError must name the worker that did not answer",
+                       expected="... worker 2 ...", got=message)
+        time.sleep(1.0)  # worker 2's late reply has arrived by now
+        check_equal(e.collective_rpc("get_rank", timeout=20), [0, 1, 2],
+                    "collective_rpc('get_rank') after the timed-out call (worker 2's late "
+                    "'slept 3.0' must not be taken as this call's answer)")
+        check_equal(e.collective_rpc("sleep", ([0.4, 0.4, 0.4],), timeout=5), ["slept 0.4"] * 3,
+                    "sleep [0.4, 0.4, 0.4] with timeout=5")
+
+
+@test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 2 s, timeout=60; "
+            "then get_rank", timeout=25,
+      hang="a call waited for a worker that had died: watch the workers' sentinels.")
+def death_fails_pending_call(ex):
+    with Running(ex, 3) as e:
+        e.collective_rpc("get_rank", timeout=20)
+        start = time.monotonic()
+        _raises(lambda: e.collective_rpc("die", (1, 3, 2.0), timeout=60), RuntimeError,
+                ["worker 1", "3"], "a call during which worker 1 exits with code 3")
+        took = time.monotonic() - start
+        if took > DETECT_S:
+            raise Fail(f"the pending call failed {took:.1f} s after worker 1 died: a monitor "
+                       "waiting on the process sentinels fails it within a second",
+                       expected=f"< {DETECT_S:g} s", got=f"{took:.1f} s")
+        _raises(lambda: e.collective_rpc("get_rank", timeout=60), RuntimeError, ["worker 1"],
+                "collective_rpc after a worker died (the executor has failed)")
+
+
+@test(input="Executor(2): SIGKILL worker 0 while idle; then get_rank with timeout=60", timeout=40)
+def death_while_idle(ex):
+    with Running(ex, 2) as e:
+        e.collective_rpc("get_rank", timeout=20)
+        os.kill(e.procs[0].pid, signal.SIGKILL)
+        start = time.monotonic()
+        _raises(lambda: e.collective_rpc("get_rank", timeout=60), RuntimeError,
+                ["worker 0", "-9"], "a call after worker 0 was killed with SIGKILL")
+        took = time.monotonic() - start
+        if took > DETECT_S:
+            raise Fail(f"the call failed only after {took:.1f} s", expected=f"< {DETECT_S:g} s",
+                       got=f"{took:.1f} s")
+
+
+@test(input="Executor(3): get_rank; shutdown(); shutdown() again; then get_rank", timeout=40)
+def shutdown_is_clean(ex):
+    before = set(threading.enumerate())
+    e = ex.Executor(3)
+    try:
+        e.collective_rpc("get_rank", timeout=20)
+    finally:
+        e.shutdown()
+    e.shutdown()
+    codes = [p.exitcode for p in e.procs]
+    check_equal(codes, [0, 0, 0], "the workers' exit codes after shutdown() (each told to stop, "
+                                  "none killed)")
+    if e.failed:
+        raise Fail("shutdown() was taken for a worker death: the monitor must stop first",
+                   got=e.failed)
+    left = [t.name for t in set(threading.enumerate()) - before
+            if t.is_alive() and t.name != "QueueFeederThread"]
+    if left:
+        raise Fail("threads still running after shutdown() (the monitor must be woken and "
+                   "joined)", got=left)
+    _raises(lambda: e.collective_rpc("get_rank", timeout=5), RuntimeError, [],
+            "collective_rpc after shutdown()")
