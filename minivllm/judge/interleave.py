@@ -25,6 +25,7 @@ thread is blocked, the run is a deadlock.
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 import traceback
@@ -173,8 +174,8 @@ class _Run:
     def __init__(self, names: list[str], prefix: list[int], visited: dict | None):
         self.names, self.prefix, self.visited = names, prefix, visited
         n = len(names)
-        self.turn = [threading.Semaphore(0) for _ in names]
-        self.done = threading.Event()
+        self.turn = [_held_lock() for _ in names]
+        self.done = _held_lock()
         self.finished, self.blocked = [False] * n, [False] * n
         self.history = [0] * n  # hash of each thread's accesses and what its loads returned
         self.stores = [0] * n
@@ -267,8 +268,9 @@ class _Run:
             self.fail(f"deadlock: {' and '.join(waiting)} {verb}, and nobody will store "
                       "anything they could wake up for. A real run would hang here until it "
                       "timed out.")
-        self.aborting = True
-        self.done.set()
+        if not self.aborting:
+            self.aborting = True
+            self.done.release()
         raise Abort()
 
     # --- called from the threads -------------------------------------------------------------
@@ -334,10 +336,19 @@ class _Run:
         workers.start(self, bodies)
         first = self._choose(0)
         self.turn[first].release()
-        self.done.wait()
+        self.done.acquire()
         for turn in self.turn:  # wake every parked thread: it sees `aborting` and unwinds
-            turn.release()
+            if turn.locked():
+                turn.release()
         workers.wait_idle()
+
+
+def _held_lock():
+    """A binary semaphore at 0: a raw lock, released by whoever hands over the turn (a raw
+    lock may be released by any thread; threading.Semaphore costs several times more)."""
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    return lock
 
 
 class _Workers:
@@ -345,8 +356,8 @@ class _Workers:
     costs more than a whole short run)."""
 
     def __init__(self, n: int):
-        self.go = [threading.Semaphore(0) for _ in range(n)]
-        self.idle = threading.Semaphore(0)
+        self.go = [_held_lock() for _ in range(n)]
+        self.idle = [_held_lock() for _ in range(n)]
         self.jobs: list = [None] * n
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
                         for i in range(n)]
@@ -360,7 +371,7 @@ class _Workers:
                 return
             run, body = self.jobs[i]
             run.thread_main(i, body)
-            self.idle.release()
+            self.idle[i].release()
 
     def start(self, run: _Run, bodies) -> None:
         for i, body in enumerate(bodies):
@@ -368,8 +379,8 @@ class _Workers:
             self.go[i].release()
 
     def wait_idle(self) -> None:
-        for _ in self.threads:
-            self.idle.acquire()
+        for idle in self.idle:
+            idle.acquire()
 
     def stop(self) -> None:
         self.jobs = [None] * len(self.threads)
