@@ -14,19 +14,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+VENV_PYTHON = HERE / ".venv" / "bin" / "python"
+SETUP = "bash scripts/setup.sh"
+
+
+def _use_the_venv() -> None:
+    """Started with another Python (no psutil, zmq...)? Run again with the project's .venv."""
+    try:
+        import msgspec, psutil, zmq  # noqa: F401, E401
+        return
+    except ImportError as exc:
+        missing = exc.name
+    if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
+        os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), str(HERE / "judge.py"), *sys.argv[1:]])
+    sys.exit(f"judge.py: this Python lacks {missing}; set the project up once with `{SETUP}` "
+             f"(it makes .venv), then run `.venv/bin/python judge.py ...`")
+
+
+_use_the_venv()
+sys.path.insert(0, str(HERE))
 
 from minivllm.judge import exercise, report, runner, selfcheck  # noqa: E402
 
-import os  # noqa: E402
-
 # Your progress; MINIVLLM_JUDGE_PROGRESS points elsewhere (the test suite uses that).
-PROGRESS = Path(os.environ.get("MINIVLLM_JUDGE_PROGRESS",
-                               Path(__file__).resolve().parent / ".judge_progress.json"))
+PROGRESS = Path(os.environ.get("MINIVLLM_JUDGE_PROGRESS", HERE / ".judge_progress.json"))
 WATCH_POLL_S = 0.5
 
 
@@ -102,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"self-check of exercise {ex.number}: {ex.title}")
         return 1 if selfcheck.check_all(ex) else 0
     path = Path(args.file) if args.file else ex.solution if args.solution else ex.starter
+    if not path.is_file():
+        parser.exit(2, f"judge.py: {path} is not a file; --file takes the path of a Python file "
+                       f"with the interface of {ex.starter.name}\n")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.exit(2, f"judge.py: cannot write --json {args.json}: the folder "
+                       f"{Path(args.json).resolve().parent} does not exist\n")
     if args.watch:
         return watch(ex, path, args)
     return 0 if grade_once(ex, path, args) else 1

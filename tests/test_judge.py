@@ -161,3 +161,23 @@ def test_flag_order_bug_prints_the_breaking_schedule(tmp_path):
     assert "The schedule that breaks it, step by step" in out.stdout
     assert "store buf[16] = 1   (chunk 0 written flag)" in out.stdout
     assert "received b'm0' as message 2" in out.stdout
+
+
+def test_cli_says_in_one_line_what_is_wrong_with_its_arguments(tmp_path):
+    missing = run_judge("213", "--file", str(tmp_path / "nope.py"))
+    assert missing.returncode == 2 and "nope.py is not a file" in missing.stderr
+    assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    folder = run_judge("213", "--solution", "--json", str(tmp_path / "no" / "r.json"))
+    assert folder.returncode == 2 and "does not exist" in folder.stderr
+    assert "Traceback" not in folder.stderr
+
+
+def test_cli_started_with_another_python_runs_with_the_venv():
+    """A Python without the project's packages (python -I -S: no site-packages) re-executes
+    judge.py with .venv's interpreter, or says in one line how to set it up."""
+    out = subprocess.run([sys.executable, "-I", "-S", "judge.py"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    if (ROOT / ".venv" / "bin" / "python").exists():
+        assert out.returncode == 0 and "213" in out.stdout, out.stderr
+    else:
+        assert out.returncode != 0 and "scripts/setup.sh" in out.stderr
