@@ -1,14 +1,22 @@
 """minivllm.utils.zmq: real sockets, their options, addresses, identities, and cleanup."""
 
+import multiprocessing
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 import zmq
 
+from minivllm.utils import mp
+from minivllm.utils.run_dir import RUN_DIR_ENV, owner_pid, run_dir
 from minivllm.utils.zmq import (
-    IpcDir, bound_address, close_all, dp_rank_identity, identity_to_rank, make_zmq_socket,
-    tcp_address)
+    IpcDir, bound_address, close_all, dp_rank_identity, identity_to_rank, ipc_address,
+    make_zmq_socket, tcp_address)
 
 POLL_MS = 5000
 
@@ -117,3 +125,74 @@ def test_failed_bind_closes_the_socket(ctx):
             make_zmq_socket(ctx, bound_address(a), zmq.PULL)  # address in use
     finally:
         a.close()
+
+
+# --- socket files of killed processes -------------------------------------------------------
+GONE_WAIT_S = 15.0  # a loaded 2-core machine; the real wait is milliseconds
+
+
+def binds_two_sockets(link):
+    """A child that binds two ipc sockets, reports their paths, and waits to be stopped."""
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.PULL) for _ in range(2)]
+    for i, sock in enumerate(socks):
+        sock.bind(ipc_address(f"s{i}"))
+    link.ready([bound_address(sock).removeprefix("ipc://") for sock in socks])
+    link.wait_stop()
+    close_all(*socks)
+    ctx.term()
+
+
+def _wait_until(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_ipc_address_is_in_the_private_run_folder(ctx):
+    address = ipc_address("mine")
+    assert address.startswith(f"ipc://{run_dir()}/{os.getpid()}/mine-")
+    assert stat.S_IMODE(os.stat(run_dir()).st_mode) == 0o700
+
+
+def test_the_parent_removes_the_socket_files_of_a_killed_child():
+    child = mp.launch(binds_two_sockets, "binder", context=multiprocessing.get_context("fork"))
+    paths = child.ready_message
+    assert all(p.startswith(run_dir() + "/") and stat.S_ISSOCK(os.stat(p).st_mode) for p in paths)
+    os.kill(child.pid, signal.SIGKILL)  # nothing runs in the child: libzmq leaves both files
+    child.shutdown()
+    assert not any(os.path.exists(p) for p in paths), "socket files outlived their process"
+
+
+ORPHAN_SCRIPT = """
+import multiprocessing, sys, time
+from minivllm.utils import mp
+from minivllm.utils.run_dir import run_dir
+from tests.test_zmq_utils import binds_two_sockets
+child = mp.launch(binds_two_sockets, "binder", context=multiprocessing.get_context("fork"))
+print(run_dir(), child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_removes_the_run_folder_when_its_owner_was_killed():
+    """The run's first process (the owner) is SIGKILLed: its child, the survivor, sees the
+    death pipe close, exits, and removes the whole folder on its way out."""
+    env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}  # a run of its own
+    owner = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], stdout=subprocess.PIPE,
+                             text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    folder, pid = owner.stdout.readline().split()
+    try:
+        assert os.path.isdir(folder) and owner_pid(folder) == owner.pid
+        owner.kill()
+        owner.wait()
+        assert _wait_until(lambda: not psutil.pid_exists(int(pid))
+                           or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE,
+                           GONE_WAIT_S), "the child outlived its killed parent"
+        assert _wait_until(lambda: not os.path.exists(folder), GONE_WAIT_S), \
+            f"{folder} outlived every process of its run: {os.listdir(folder)}"
+    finally:
+        owner.stdout.close()
+        if psutil.pid_exists(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)

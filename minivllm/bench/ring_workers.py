@@ -19,7 +19,7 @@ import zmq
 
 from minivllm.distributed.shm_broadcast import MessageQueue
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.resource_names import ipc_path
+from minivllm.utils.zmq import ipc_address
 
 READY_TIMEOUT_S = 60.0  # readers attach within this, or the benchmark stops with an error
 RECV_TIMEOUT_S = 60.0
@@ -39,9 +39,9 @@ def pubsub_writer(n_reader: int) -> tuple[zmq.Context, zmq.Socket, str]:
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)
     sock.setsockopt(zmq.SNDHWM, 0)  # PUB drops at the high-water mark; the benchmark must not
-    path = ipc_path("bench")
-    sock.bind(f"ipc://{path}")
-    return ctx, sock, path
+    address = ipc_address("bench")
+    sock.bind(address)
+    return ctx, sock, address.removeprefix("ipc://")
 
 
 def wait_subscriptions(sock: zmq.Socket, n: int) -> None:

@@ -26,7 +26,7 @@ from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.resource_names import ipc_address
+from minivllm.utils.zmq import ipc_address
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
 # WRITER_MAX_SLEEP_S. A full ring means the readers are behind: a sleeping writer gives them

@@ -41,6 +41,8 @@ import weakref
 from multiprocessing.context import BaseContext
 from typing import Any, Callable
 
+from minivllm.utils.run_dir import mark_dead, remove_process_dir, run_dir
+
 START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"  # vLLM's VLLM_WORKER_MULTIPROC_METHOD
 DEFAULT_START_METHOD = "fork"  # vLLM's default (vllm/envs.py:939): the cheapest start
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -142,13 +144,15 @@ def _raise_system_exit(signum: int, frame: Any) -> None:
     raise SystemExit(EXIT_TERMINATED)  # unwinds the target, so its finally blocks run
 
 
-def _watch_parent(death_conn: multiprocessing.connection.Connection, link: ChildLink) -> None:
+def _watch_parent(death_conn: multiprocessing.connection.Connection, link: ChildLink,
+                  parent_pid: int) -> None:
     """Thread in the child: b"stop" sets the stop flag; EOF means the parent is gone."""
     try:
         while death_conn.recv_bytes() != b"":
             link._stop.set()
     except (EOFError, OSError):
         pass
+    mark_dead(parent_pid)  # so that this survivor removes the run's folder if it was the owner's
     link.parent_died = True
     link._stop.set()
     time.sleep(PARENT_DEATH_GRACE_S)  # the target may return by itself
@@ -158,7 +162,7 @@ def _watch_parent(death_conn: multiprocessing.connection.Connection, link: Child
 
 
 def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, death_conn,
-                alive_conn, parent_ends: list) -> None:
+                alive_conn, parent_ends: list, parent_pid: int) -> None:
     # Under fork the child holds copies of this launch's parent ends (the ones of earlier
     # launches went in _after_fork_in_child); an open copy of a death pipe's write end would
     # hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
@@ -167,8 +171,8 @@ def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, d
     _OWN_ALIVE_ENDS.append(alive_conn)  # held until this process exits
     signal.signal(signal.SIGTERM, _raise_system_exit)
     link = ChildLink(name, ready_conn)
-    watcher = threading.Thread(target=_watch_parent, args=(death_conn, link), daemon=True,
-                               name=f"{name}-death-pipe")
+    watcher = threading.Thread(target=_watch_parent, args=(death_conn, link, parent_pid),
+                               daemon=True, name=f"{name}-death-pipe")
     watcher.fork_safe = True  # it only blocks in read(2) and holds no lock a fork could copy
     watcher.start()
     try:
@@ -216,6 +220,7 @@ def _escalate(process, death_writer, alive, stop_timeout: float, term_timeout: f
         process.kill()
         process.join()
     death_writer.close()
+    remove_process_dir(process.pid)  # the socket files it could not remove if it was killed
     return how
 
 
@@ -335,13 +340,14 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             raise ChildStartError(f"cannot send the target of {name} to a {ctx.get_start_method()} "
                                   f"child: {e}. Define it at the top level of a module") from e
+    run_dir()  # made before the child starts, so that the child's socket files go there too
     ready_reader, ready_writer = ctx.Pipe(duplex=False)
     death_reader, death_writer = ctx.Pipe(duplex=False)
     alive_reader, alive_writer = ctx.Pipe(duplex=False)
     parent_ends = [ready_reader, death_writer, alive_reader] if forking else []
     process = ctx.Process(target=_child_main, name=name, daemon=daemon,
                           args=(sent_target, tuple(args), dict(kwargs or {}), name, ready_writer,
-                                death_reader, alive_writer, parent_ends))
+                                death_reader, alive_writer, parent_ends, os.getpid()))
     process.start()
     for end in (ready_writer, death_reader, alive_writer):  # the child holds these ends now
         end.close()

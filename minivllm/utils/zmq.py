@@ -3,8 +3,10 @@
 - `make_zmq_socket(ctx, path, type)` binds or connects, and sets what the engine relies on:
   no high-water mark on the pipes that carry requests and outputs (a full pipe would block the
   busy loop or, for ROUTER, silently drop), the kernel buffer size, linger, XPUB_VERBOSE.
-- `IpcDir` owns a private directory (mode 0700) for ipc:// socket files and removes it, and
-  every file in it, on close: no socket file outlives the engine, and no other user can connect.
+- `ipc_address(tag)`: a fresh ipc:// endpoint. `IpcDir` owns a directory for several, and
+  removes it, and every file in it, on close. Both live in the run's private folder (mode 0700,
+  utils/run_dir.py), which the survivor removes: no socket file outlives a killed process, and
+  no other user can connect.
 - `tcp://host:0` binds to a free port; `bound_address(sock)` tells which.
 - `dp_rank_identity(rank)`: a DEALER's identity is its data-parallel rank as 2 bytes, little
   endian, so a ROUTER addresses engine 3 as b"\\x03\\x00".
@@ -17,14 +19,16 @@ vllm/v1/engine/core_client.py:754 (rank.to_bytes(2, "little")).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import tempfile
 import weakref
 from typing import Any
 
 import psutil
 import zmq
 
-from minivllm.utils.resource_names import private_dir
+from minivllm.utils.run_dir import process_dir, run_dir
 
 # vLLM gives each socket 0.5 GiB of kernel buffer on big machines and leaves the system
 # default elsewhere, so that a small host does not pin gigabytes in socket buffers.
@@ -34,6 +38,7 @@ LARGE_BUFFER_MIN_AVAILABLE = 16 * 1024**3
 SYSTEM_DEFAULT_BUFFER = -1  # ZMQ_SNDBUF/RCVBUF -1: leave the OS default
 UNLIMITED_HWM = 0  # ZMQ_SNDHWM/RCVHWM 0: queue without limit instead of blocking or dropping
 IDENTITY_BYTES = 2  # DP rank as a little-endian u16: 65,536 engines is enough
+MAX_IPC_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 _RECV_SIDE = (zmq.PULL, zmq.DEALER, zmq.ROUTER)
 _SEND_SIDE = (zmq.PUSH, zmq.DEALER, zmq.ROUTER)
@@ -110,6 +115,21 @@ def identity_to_rank(identity: bytes) -> int:
     return int.from_bytes(identity, "little")
 
 
+def ipc_address(tag: str) -> str:
+    """A fresh ipc:// endpoint for this process to bind, in its folder of the run's private
+    folder. libzmq never unlinks the file, not even on close: the binder unlinks it when it
+    closes the socket (MessageQueue does), and utils/run_dir.py removes what a killed process
+    left."""
+    return _checked(os.path.join(process_dir(), f"{tag}-{secrets.token_hex(4)}"))
+
+
+def _checked(path: str) -> str:
+    if len(path.encode()) > MAX_IPC_PATH:
+        raise ValueError(f"ipc path {path!r} is longer than the {MAX_IPC_PATH} bytes a Unix "
+                         "socket address holds: set TMPDIR to a shorter directory")
+    return f"ipc://{path}"
+
+
 class IpcDir:
     """A private (0700) directory for ipc:// socket files, removed with its contents on close.
 
@@ -118,15 +138,16 @@ class IpcDir:
     """
 
     def __init__(self, tag: str = "zmq"):
-        # mode 0700; short tag because an ipc path must fit in sun_path (107 bytes).
-        self.dir = private_dir(tag)
+        # inside the run's folder, which is private already; short, because an ipc path must
+        # fit in sun_path (MAX_IPC_PATH).
+        self.dir = tempfile.mkdtemp(prefix=f"{tag}-", dir=run_dir())
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
 
     def path(self, name: str) -> str:
         """An ipc:// address for socket `name` inside the directory."""
         if "/" in name or not name:
             raise ValueError(f"socket name must be a plain file name, got {name!r}")
-        return f"ipc://{os.path.join(self.dir, name)}"
+        return _checked(os.path.join(self.dir, name))
 
     def close(self) -> None:
         self._finalizer()

@@ -1,0 +1,103 @@
+"""One private folder per run for every ipc:// socket file, so that the survivor can remove
+what a killed process left.
+
+libzmq (4.3.5) never unlinks an ipc:// socket file, not even on close, and a SIGKILLed process
+runs no cleanup at all. So every socket file of a run lives under one folder (mode 0700: no
+other user can connect either):
+
+    $TMPDIR/<prefix>-run<owner pid>-<random>/   made by the run's first process, the owner;
+                                                MINIVLLM_RUN_DIR names it to every child
+        <pid>/<tag>-<random>                    utils/zmq.ipc_address(tag): process pid's sockets
+        <tag>-<random>/<name>                   utils/zmq.IpcDir: a folder its maker removes
+
+Who removes what:
+
+    the process itself     its sockets on close (MessageQueue, IpcDir), its <pid> folder at exit
+    launch()'s parent      a child's <pid> folder once the child is gone (utils/mp.py)
+    the owner              the whole folder at exit
+    any process at exit    the whole folder, if the owner is dead: it was killed
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+import os
+import re
+import shutil
+import tempfile
+
+import psutil
+
+from minivllm.utils.resource_names import private_dir
+
+RUN_DIR_ENV = "MINIVLLM_RUN_DIR"
+_OWNER = re.compile(r"-run(\d+)-[^/]*$")
+_cleanup_registered_in: int | None = None  # the pid whose exit removes its folders
+_known_dead: set[int] = set()  # told by utils/mp: the parent's death pipe closed
+
+
+def run_dir() -> str:
+    """The run's folder: the one MINIVLLM_RUN_DIR names, or a new one this process owns."""
+    path = os.environ.get(RUN_DIR_ENV, "")
+    # A folder in another temp dir belongs to an earlier run (the test suite gives each test
+    # its own TMPDIR) and may be gone.
+    if not (os.path.isdir(path) and os.path.dirname(path) == tempfile.gettempdir()):
+        path = private_dir(f"run{os.getpid()}")
+        os.environ[RUN_DIR_ENV] = path  # children started from now on share it
+    _register_cleanup()
+    return path
+
+
+def process_dir(pid: int | None = None) -> str:
+    """The folder of process pid (default: this one) inside the run's folder, made if needed."""
+    path = os.path.join(run_dir(), str(pid or os.getpid()))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def remove_process_dir(pid: int) -> None:
+    """Remove what process pid left in the run's folder: call once it is gone."""
+    path = os.environ.get(RUN_DIR_ENV)
+    if path:
+        shutil.rmtree(os.path.join(path, str(pid)), ignore_errors=True)
+
+
+def owner_pid(path: str) -> int | None:
+    match = _OWNER.search(path)
+    return int(match.group(1)) if match else None
+
+
+def mark_dead(pid: int) -> None:
+    """pid is dead, though it may look alive for a moment: a killed process closes its
+    descriptors (the death pipe's EOF) before the kernel marks it a zombie."""
+    _known_dead.add(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (a killed owner whose parent has not reaped it yet is dead)."""
+    if pid in _known_dead:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _register_cleanup() -> None:
+    """Run _at_exit when this process exits: multiprocessing's exit hook runs in the main
+    process (atexit) and in its children (which skip atexit); a forked child registers again."""
+    global _cleanup_registered_in
+    if _cleanup_registered_in != os.getpid():
+        _cleanup_registered_in = os.getpid()
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=0)
+
+
+def _at_exit() -> None:
+    path = os.environ.get(RUN_DIR_ENV)
+    if not path or not os.path.isdir(path):
+        return
+    owner = owner_pid(path)
+    if owner == os.getpid() or (owner is not None and not _pid_alive(owner)):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        remove_process_dir(os.getpid())
