@@ -14,10 +14,15 @@ An array or tensor becomes one msgpack ext value (code, payload):
     3     torch tensor, inline        u16 LE header length | header | raw bytes
     4     torch tensor, out of band   header + [frame index]
     5     pickle (opt-in only)        pickle bytes
+    6     numpy array, shared memory  header + [slot, nbytes]   (an encoder given an arena)
+    7     torch tensor, shared memory header + [slot, nbytes]
 
 where header is the msgpack array [dtype, shape] (numpy dtype string such as "<i4", or a
 torch dtype name such as "bfloat16"). Small arrays go inline because a frame costs more
 than copying a few hundred bytes; large ones go out of band so that nobody copies them.
+An encoder given a ShmTensorArena (distributed/shm_tensor_arena.py) copies arrays of at least
+its min_bytes once into a shared slot instead, and the decoder given the same arena returns a
+read-only view of the slot: for big tensors between processes of one machine.
 
 `MsgpackDecoder(t).decode(frames)` rebuilds the object, validated against type t when
 given. Arrays come back as `np.frombuffer` views of the frame memory, not copies: they are
@@ -62,6 +67,8 @@ EXT_NDARRAY_OOB = 2
 EXT_TENSOR_INLINE = 3
 EXT_TENSOR_OOB = 4
 EXT_PICKLE = 5
+EXT_NDARRAY_SHM = 6
+EXT_TENSOR_SHM = 7
 
 # numpy dtype kinds we rebuild from raw bytes: bool, ints, floats, complex. Never "O"
 # (object pointers) or "V" (void), whose bytes mean nothing in another process.
@@ -110,8 +117,8 @@ class Int32Array(np.ndarray, metaclass=_ArrayRule):
 class MsgpackEncoder:
     """Encode an object into [msgpack body, out-of-band buffer, ...] without copying arrays."""
 
-    def __init__(self, size_threshold: int = ZERO_COPY_THRESHOLD):
-        self.size_threshold = size_threshold
+    def __init__(self, size_threshold: int = ZERO_COPY_THRESHOLD, arena: Any = None):
+        self.size_threshold, self.arena = size_threshold, arena  # arena: a ShmTensorArena
         self._encoder = msgpack.Encoder(enc_hook=self._enc_hook)
         self._frames: list[bytes | memoryview] | None = None
 
@@ -165,6 +172,9 @@ class MsgpackEncoder:
             header = msgpack.encode((dtype, shape))
             payload = len(header).to_bytes(_HEADER_LEN, "little") + header + raw
             return msgpack.Ext(inline_code, payload)
+        if self.arena is not None and (slot := self.arena.put(raw)) is not None:
+            code = EXT_NDARRAY_SHM if inline_code == EXT_NDARRAY_INLINE else EXT_TENSOR_SHM
+            return msgpack.Ext(code, msgpack.encode((dtype, shape, slot, raw.nbytes)))
         self._frames.append(raw)
         return msgpack.Ext(inline_code + 1, msgpack.encode((dtype, shape, len(self._frames) - 1)))
 
@@ -172,11 +182,13 @@ class MsgpackEncoder:
 class MsgpackDecoder:
     """Decode frames from `MsgpackEncoder`, optionally into type t (a Struct, a union...)."""
 
-    def __init__(self, t: type | None = None):
+    def __init__(self, t: type | None = None, arena: Any = None):
         args = () if t is None else (t,)
+        self.arena = arena  # the ShmTensorArena (attached as a reader) that shm handles name
         self._decoder = msgpack.Decoder(*args, ext_hook=self._ext_hook, dec_hook=self._dec_hook)
         self._inline_header = msgpack.Decoder(tuple[str, tuple[int, ...]])
         self._oob_header = msgpack.Decoder(tuple[str, tuple[int, ...], int])
+        self._shm_header = msgpack.Decoder(tuple[str, tuple[int, ...], int, int])
         self._frames: Sequence[Any] = ()
 
     def decode(self, frames: Sequence[Frame] | Frame) -> Any:
@@ -221,6 +233,15 @@ class MsgpackDecoder:
             if not 0 < index < len(self._frames):
                 raise DecodeError(f"array refers to frame {index}, message has {len(self._frames)}")
             raw = _buffer(self._frames[index])
+        elif code in (EXT_NDARRAY_SHM, EXT_TENSOR_SHM):
+            if self.arena is None:
+                raise DecodeError("a shared-memory array, but this decoder has no arena")
+            _check_header(len(data))
+            dtype, shape, slot, nbytes = self._shm_header.decode(data)
+            try:
+                raw = memoryview(self.arena.view(slot, nbytes))
+            except ValueError as e:
+                raise DecodeError(str(e)) from None
         elif code == EXT_PICKLE:
             if not insecure_allowed():
                 raise DecodeError(f"refusing a pickled object: set {INSECURE_ENV}=1 to accept "
@@ -228,7 +249,7 @@ class MsgpackDecoder:
             return pickle.loads(data)
         else:
             raise DecodeError(f"unknown msgpack ext code {code}")
-        if code in (EXT_NDARRAY_INLINE, EXT_NDARRAY_OOB):
+        if code in (EXT_NDARRAY_INLINE, EXT_NDARRAY_OOB, EXT_NDARRAY_SHM):
             return _ndarray_from(raw, dtype, shape)
         return _tensor_from(raw, dtype, shape)
 

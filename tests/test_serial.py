@@ -1,5 +1,6 @@
 """minivllm.serial: round trips, zero copy, the pickle opt-in, and garbage in -> DecodeError only."""
 
+import gc
 import random
 
 import msgspec
@@ -8,6 +9,7 @@ import pytest
 import torch
 import zmq
 
+from minivllm.distributed.shm_tensor_arena import ShmTensorArena
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import INSECURE_ENV, DecodeError, MsgpackDecoder, MsgpackEncoder
@@ -246,3 +248,32 @@ def test_typed_request_rejects_token_ids_of_the_wrong_kind(ids):
     frames = MsgpackEncoder().encode(EngineCoreRequest("r", ids, SamplingParams()))
     with pytest.raises(DecodeError, match="int32"):
         MsgpackDecoder(EngineCoreRequest).decode(frames)
+
+
+# --- large arrays through a shared-memory arena -----------------------------------------------
+def test_arena_carries_large_arrays_by_handle_and_releases_the_slot_when_freed():
+    with ShmTensorArena(slot_bytes=1 << 20, max_slots=2, min_bytes=4096) as sender:
+        reader = ShmTensorArena.attach(sender.handle())
+        enc, dec = MsgpackEncoder(arena=sender), MsgpackDecoder(arena=reader)
+        big, small = np.arange(100_000, dtype=np.int32), np.arange(50, dtype=np.int32)
+        frames = enc.encode({"big": big, "t": torch.ones(2048), "small": small})
+        assert len(frames) == 1, "arrays past min_bytes travel as handles, not frames"
+        got = dec.decode(frames)
+        assert np.array_equal(got["big"], big) and torch.equal(got["t"], torch.ones(2048))
+        assert not got["big"].flags.writeable
+        assert sender.put(memoryview(big).cast("B")) is None, "both slots are still in use"
+        view = got["big"][10:20]
+        del got
+        gc.collect()
+        assert sender.put(memoryview(big).cast("B")) == 1, "slot 0 is held by a view"
+        del view
+        gc.collect()
+        with pytest.raises(DecodeError, match="holds nothing"):  # a stale handle
+            dec.decode(frames)
+        forged = msgspec.msgpack.encode(msgspec.msgpack.Ext(6, msgspec.msgpack.encode(
+            ("<i4", (4,), 7, 16))))
+        with pytest.raises(DecodeError, match="outside the arena"):
+            dec.decode(forged)
+        with pytest.raises(DecodeError, match="no arena"):
+            MsgpackDecoder().decode(frames)
+        reader.close()
