@@ -285,8 +285,9 @@ class MessageQueue:
         """Close the sockets and the ring; the writer also removes the segment."""
         if self._finalizer.alive:
             self._finalizer.detach()
+            # a reader has nothing to deliver: lingering only waited for a gone writer (1 s)
             _close(self.context, self._sockets, self.buffer, self._ipc_files, os.getpid(),
-                   CLOSE_LINGER_MS)
+                   CLOSE_LINGER_MS if self.is_writer else 0)
 
     def __enter__(self) -> "MessageQueue":
         return self
