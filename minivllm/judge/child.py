@@ -2,8 +2,10 @@
 
     python -m minivllm.judge.child TESTS_PY IMPL_DIR MODULE TEST_NAME
 
-The first line of stdin is the number of the file descriptor to write the result to (one
-JSON line): a pipe the judge holds, named nowhere the learner's module looks (argv, env).
+The first line of stdin is the number of the file descriptor to report to: a pipe the judge
+holds, named nowhere the learner's module looks (argv, env). The child writes "ready" there
+once the tests and the learner's module are imported (the test's time limit starts then, so a
+slow import on a busy machine never eats it), then the result as one JSON line.
 IMPL_DIR holds the code under test as MODULE.py and is on sys.path (and PYTHONPATH), so
 that processes the learner's code spawns can import it by name too.
 """
@@ -38,7 +40,8 @@ def _learner_frame(tb, impl_dir: str) -> str:
     return f"{f.name}() at line {f.lineno}: {f.line}"
 
 
-def run(tests_path: str, impl_dir: str, module_name: str, test_name: str) -> dict:
+def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
+        ready=lambda: None) -> dict:
     sys.path.insert(0, impl_dir)
     _, specs = load_tests(tests_path)
     spec = next(s for s in specs if s.name == test_name)
@@ -46,6 +49,8 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str) -> dic
     result = {"name": test_name, "status": "pass", "message": "", "input": spec.input}
     try:
         impl = importlib.import_module(module_name)
+        ready()
+        start = time.perf_counter()
         spec.fn(impl)
     except api.Fail as exc:
         result.update(status="fail", message=exc.message, expected=exc.expected, got=exc.got,
@@ -77,7 +82,8 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(fd, False)  # processes the learner's code execs never hold it
     sys.stdin = open(os.devnull)
     name_default_segments()  # unnamed SharedMemory segments carry the judge's prefix
-    result = run(tests_path, impl_dir, module_name, test_name)
+    result = run(tests_path, impl_dir, module_name, test_name,
+                 ready=lambda: os.write(fd, b"ready\n"))
     with open(fd, "w") as f:
         f.write(json.dumps(result) + "\n")
     return 0

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ from minivllm.utils.resource_names import PREFIX_ENV
 RUN_MARKER = "MINIVLLM_JUDGE_RUN"  # in the child's environment: a second way to find escapees
 MEMORY_ENV = "MINIVLLM_JUDGE_MEMORY_MIB"
 MEMORY_MIB = int(os.environ.get(MEMORY_ENV, 4096))  # address space per process; torch needs ~1 GiB
+IMPORT_LIMIT_S = 120.0  # importing the tests and the learner's module (torch takes seconds)
+TIME_SCALE_ENV = "MINIVLLM_JUDGE_TIME_SCALE"
 OUTPUT_TAIL_LINES = 15
 OUTPUT_TAIL_BYTES = 4096  # what is shown of the output: 50 MB on one line must not flood a terminal
 OUTPUT_LINE_CHARS = 240
@@ -110,13 +113,22 @@ def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-class _Tail(threading.Thread):
-    """Drains a pipe, keeping only its last bytes."""
+def time_scale() -> float:
+    """Time limits guard against hangs, never decide a verdict: on a busy machine (load above
+    the core count) they stretch, up to 4x. MINIVLLM_JUDGE_TIME_SCALE sets the factor."""
+    if os.environ.get(TIME_SCALE_ENV):
+        return float(os.environ[TIME_SCALE_ENV])
+    return max(1.0, min(4.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
 
-    def __init__(self, fd: int, keep: int, stop_at_newline: bool = False):
+
+class _Tail(threading.Thread):
+    """Drains a pipe, keeping only its last bytes; `ready` is set when a line "ready" came."""
+
+    def __init__(self, fd: int, keep: int, lines: int = 0):
         super().__init__(daemon=True)
-        self.fd, self.keep, self.stop_at_newline = fd, keep, stop_at_newline
+        self.fd, self.keep, self.lines = fd, keep, lines
         self.data, self.total = b"", 0
+        self.ready = threading.Event()
         self.start()
 
     def run(self) -> None:
@@ -124,7 +136,9 @@ class _Tail(threading.Thread):
             while chunk := f.read(65536):
                 self.total += len(chunk)
                 self.data = (self.data + chunk)[-self.keep:] if self.keep else self.data + chunk
-                if self.stop_at_newline and b"\n" in self.data:
+                if self.data.startswith(b"ready\n"):
+                    self.ready.set()
+                if self.lines and self.data.count(b"\n") >= self.lines:
                     return
 
     def join(self, timeout: float = 5.0) -> None:
@@ -161,27 +175,47 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     finally:
         os.close(verdict_w)
         os.close(out_w)
-    verdict, out = _Tail(verdict_r, 0, stop_at_newline=True), _Tail(out_r, OUTPUT_TAIL_BYTES)
+    verdict, out = _Tail(verdict_r, 0, lines=2), _Tail(out_r, OUTPUT_TAIL_BYTES)
     proc.stdin.write(f"{verdict_w}\n".encode())  # the fd number: never in argv or the environment
     proc.stdin.close()
-    try:
-        proc.wait(timeout=spec.timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        proc.wait()
+    limit = spec.timeout * time_scale()
+    hung = _wait(proc, verdict, limit)
     verdict.join(1.0)
-    if timed_out:
+    if hung:
+        if hung.startswith("timed out"):
+            hung += spec.hang or DEFAULT_HANG
         return ({"name": spec.name, "status": "fail", "kind": "timeout", "input": spec.input,
-                 "seconds": spec.timeout,
-                 "message": f"timed out after {spec.timeout:g} s; the judge stopped it and "
-                            f"everything it started. {spec.hang or DEFAULT_HANG}"}, out)
-    line = verdict.data.split(b"\n", 1)[0]
+                 "seconds": round(limit, 1), "message": hung}, out)
+    line = verdict.data.removeprefix(b"ready\n").split(b"\n", 1)[0]
     try:
         return json.loads(line), out
     except ValueError:
         return _died(spec, proc.returncode), out
+
+
+def _wait(proc: subprocess.Popen, verdict: _Tail, limit: float) -> str:
+    """Wait for the import, then for the test; kill the group at either limit. "" if in time."""
+    def exited(timeout: float) -> bool:
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + IMPORT_LIMIT_S
+    while not verdict.ready.is_set() and time.monotonic() < deadline:
+        if exited(0.05):
+            return ""
+    problem = ""
+    if not verdict.ready.is_set():
+        problem = (f"importing your module took over {IMPORT_LIMIT_S:g} s; the judge stopped it. "
+                   "Code at the top level of your file runs on import: does it wait for something?")
+    elif not exited(limit):
+        problem = (f"timed out after {limit:.3g} s; the judge stopped it and everything it "
+                   "started. ")
+    if problem:
+        _kill_group(proc.pid)
+        proc.wait()
+    return problem
 
 
 def _died(spec: api.TestSpec, code: int) -> dict:

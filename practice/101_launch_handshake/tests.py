@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 101. Each receives the learner's module as `ln`."""
+"""The judge's tests for exercise 101. Each receives the learner's module as `impl`."""
 
 import multiprocessing
 import os
@@ -17,8 +17,8 @@ def _no_children(what):
 
 
 @test(input="start_worker(setup_ok, (21,))", timeout=15)
-def ready_handshake(ln):
-    proc, result = ln.start_worker(ln.setup_ok, (21,), timeout=10)
+def ready_handshake(impl):
+    proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=10)
     try:
         check_equal(result, 42, "the ready result (setup_ok(21))")
         check_equal(type(proc).__name__, "SpawnProcess",
@@ -26,16 +26,16 @@ def ready_handshake(ln):
         if proc.pid == os.getpid():
             raise Fail("the target ran in the judge's process, not in a child")
     finally:
-        ln.stop_worker(proc)
+        impl.stop_worker(proc)
     if proc.is_alive():
         raise Fail("stop_worker returned while the process is alive")
 
 
-def _expect_start_error(ln, target: str, timeout: float, text: str, what: str) -> None:
-    """start_worker(ln.<target>) must raise WorkerStartError whose message holds `text`."""
+def _expect_start_error(impl, target: str, timeout: float, text: str, what: str) -> None:
+    """start_worker(impl.<target>) must raise WorkerStartError whose message holds `text`."""
     try:
-        ln.start_worker(getattr(ln, target), (), timeout=timeout)
-    except ln.WorkerStartError as e:
+        impl.start_worker(getattr(impl, target), (), timeout=timeout)
+    except impl.WorkerStartError as e:
         if text not in str(e):
             raise Fail(what, expected=f"...{text}...", got=str(e))
     else:
@@ -43,25 +43,25 @@ def _expect_start_error(ln, target: str, timeout: float, text: str, what: str) -
 
 
 @test(input="start_worker(setup_fails)", timeout=15)
-def error_reaches_the_parent(ln):
-    _expect_start_error(ln, "setup_fails", 10, "boom", "WorkerStartError must carry the child's "
+def error_reaches_the_parent(impl):
+    _expect_start_error(impl, "setup_fails", 10, "boom", "WorkerStartError must carry the child's "
                         "error text")
     _no_children("after a failed start")
 
 
 @test(input="start_worker(setup_dies) with timeout=30", timeout=12,
       hang="the child died at once, but start_worker kept waiting: also wait on process.sentinel")
-def child_dies_before_ready(ln):
-    _expect_start_error(ln, "setup_dies", 30, "exit code 3", "the error must give the child's "
+def child_dies_before_ready(impl):
+    _expect_start_error(impl, "setup_dies", 30, "exit code 3", "the error must give the child's "
                         "exit code")
     _no_children("after the child died")
 
 
 @test(input="start_worker(setup_slow, (60,), timeout=1)", timeout=12,
       hang="start_worker waited for the message with no time limit")
-def timeout_stops_the_child(ln):
+def timeout_stops_the_child(impl):
     try:
-        ln.start_worker(ln.setup_slow, (60,), timeout=1)
+        impl.start_worker(impl.setup_slow, (60,), timeout=1)
     except TimeoutError as e:
         if "pid" not in str(e):
             raise Fail("the TimeoutError must name the worker (its pid)", got=str(e))

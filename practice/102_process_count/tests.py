@@ -1,45 +1,45 @@
-"""The judge's tests for exercise 102. Each receives the learner's module as `pc`."""
+"""The judge's tests for exercise 102. Each receives the learner's module as `impl`."""
 
 from minivllm.judge.api import Fail, check_equal, test
 
 
 @test(input="tp=4 (vllm serve -tp=4) and tp=2, dp=4 (vllm serve -tp=2 -dp=4)")
-def docs_examples(pc):
-    check_equal(pc.serve_process_count(tp=4, dp=1), 6, "processes of `serve -tp=4` (1 + 1 + 4)")
-    check_equal(pc.serve_process_count(tp=2, dp=4), 18,
+def docs_examples(impl):
+    check_equal(impl.serve_process_count(tp=4, dp=1), 6, "processes of `serve -tp=4` (1 + 1 + 4)")
+    check_equal(impl.serve_process_count(tp=2, dp=4), 18,
                 "processes of `serve -tp=2 -dp=4` (1 launcher + 4 API + 4 cores + 8 workers + 1 coordinator)")
 
 
 @test(input="tp=1, dp=1 and tp=1, dp=2")
-def worker_in_engine_core_at_tp1(pc):
-    check_equal(pc.serve_process_count(tp=1, dp=1), 2,
+def worker_in_engine_core_at_tp1(impl):
+    check_equal(impl.serve_process_count(tp=1, dp=1), 2,
                 "processes at tp=1 (the worker is inside the engine core: 1 API + 1 core)")
-    check_equal(pc.serve_process_count(tp=1, dp=2), 1 + 2 + 2 + 1,
+    check_equal(impl.serve_process_count(tp=1, dp=2), 1 + 2 + 2 + 1,
                 "processes at tp=1, dp=2 (launcher + 2 API + 2 cores + coordinator)")
 
 
 @test(input="tp=2, dp=2, pp=2, with api_server_count 1 and None")
-def api_servers_and_pipeline(pc):
-    check_equal(pc.serve_process_count(tp=2, dp=2, pp=2, api_server_count=1), 1 + 2 + 8 + 1,
+def api_servers_and_pipeline(impl):
+    check_equal(impl.serve_process_count(tp=2, dp=2, pp=2, api_server_count=1), 1 + 2 + 8 + 1,
                 "processes with one API server")
-    check_equal(pc.serve_process_count(tp=2, dp=2, pp=2), 1 + 2 + 2 + 8 + 1,
+    check_equal(impl.serve_process_count(tp=2, dp=2, pp=2), 1 + 2 + 2 + 8 + 1,
                 "processes with the default API server count (= dp, so a launcher too)")
 
 
 @test(input="tp=2, dp=1 with api_server_count 1, 2 and 3")
-def launcher_only_with_several_api_servers(pc):
-    check_equal(pc.serve_process_count(tp=2, dp=1, api_server_count=1), 1 + 1 + 2,
+def launcher_only_with_several_api_servers(impl):
+    check_equal(impl.serve_process_count(tp=2, dp=1, api_server_count=1), 1 + 1 + 2,
                 "processes with one API server (the CLI process serves: no launcher)")
-    check_equal(pc.serve_process_count(tp=2, dp=1, api_server_count=2), 1 + 2 + 1 + 2,
+    check_equal(impl.serve_process_count(tp=2, dp=1, api_server_count=2), 1 + 2 + 1 + 2,
                 "processes with two API servers (the CLI process stays as their launcher)")
-    check_equal(pc.serve_process_count(tp=2, dp=1, api_server_count=3), 1 + 3 + 1 + 2,
+    check_equal(impl.serve_process_count(tp=2, dp=1, api_server_count=3), 1 + 3 + 1 + 2,
                 "processes with three API servers")
 
 
 @test(input="tp=0")
-def rejects_bad_sizes(pc):
+def rejects_bad_sizes(impl):
     try:
-        pc.serve_process_count(tp=0, dp=1)
+        impl.serve_process_count(tp=0, dp=1)
     except ValueError:
         return
     raise Fail("tp=0 must raise ValueError")

@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 122. Each receives the learner's module as `db`.
+"""The judge's tests for exercise 122. Each receives the learner's module as `impl`.
 
 The first two tests drive one side in this process and play the other side by hand. The
 slots are a `Watched` buffer: at every load or store the learner's code makes, it counts the
@@ -80,7 +80,7 @@ def _expect_timeout(call, what: str, input: str) -> None:
 
 @test(input="Sender with 2 slots of 32 bytes; the test plays the receiver and writes the acks",
       timeout=4, hang="send() waited for an ack that the test had already written: count ack bytes, not reads")
-def sender_steps(db):
+def sender_steps(impl):
     slots, sb = 2, 32
     bell_r, bell_w, ack_r, ack_w = fds = _pipes()
     state = {"bells": 0, "message": 0, "early": None}
@@ -91,7 +91,7 @@ def sender_steps(db):
     buf = Watched(slots * sb, on_access)
     msgs = [b"m0-hello", bytes(range(28)), b"m2", b"m3-three", b""]  # m1 fills a slot exactly
     try:
-        s = db.Sender(buf, slots, sb, bell_w, ack_r)
+        s = impl.Sender(buf, slots, sb, bell_w, ack_r)
 
         def send(k, timeout=1.0):
             state["message"] = k
@@ -145,7 +145,7 @@ def sender_steps(db):
 
 @test(input="Receiver with 2 slots of 32 bytes; the test plays the sender and rings the doorbell",
       timeout=4, hang="recv() blocked in os.read although no doorbell had rung: wait with select and a timeout first")
-def receiver_steps(db):
+def receiver_steps(impl):
     slots, sb = 2, 32
     bell_r, bell_w, ack_r, ack_w = fds = _pipes()
     state = {"returned": 0, "early": None}
@@ -156,7 +156,7 @@ def receiver_steps(db):
     buf = Watched(slots * sb, on_access)
     msgs = [b"m0-hello", bytes(range(28)), b"m2-wrapped"]
     try:
-        r = db.Receiver(buf, slots, sb, bell_r, ack_w)
+        r = impl.Receiver(buf, slots, sb, bell_r, ack_w)
         check_equal(r.recv(timeout=QUIET_S), None, "recv() before any doorbell (after its timeout)")
         put(buf.data, 0, sb, msgs[0])
         put(buf.data, 1, sb, msgs[1])
@@ -209,9 +209,9 @@ def _rss_kib(name: str) -> int:
 
 
 @test(input="DoorbellChannel(2 slots of 64 KiB), both sides in this process, then close()")
-def channel(db):
+def channel(impl):
     slots, sb = 2, 64 * 1024
-    ch = db.DoorbellChannel(slots, sb)
+    ch = impl.DoorbellChannel(slots, sb)
     name = ch.name.lstrip("/")
     fds = [ch.bell_r, ch.bell_w, ch.ack_r, ch.ack_w]
     rss = _rss_kib(name)
@@ -297,9 +297,9 @@ def _receiver_process(ch, count, max_len, report):
 
 @test(input="a forked receiver process, 300 messages of 0 B to 64 KiB through 3 slots, then close",
       timeout=30, hang="the sender or the receiver waited forever for a doorbell or an ack")
-def processes(db):
+def processes(impl):
     slots, sb, count = 3, 64 * 1024 + 4, 300
-    ch = db.DoorbellChannel(slots, sb)
+    ch = impl.DoorbellChannel(slots, sb)
     report_r, report_w = mp.Pipe(duplex=False)
     proc = mp.get_context("fork").Process(target=_receiver_process,
                                           args=(ch, count, sb - 4, report_w))

@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 201. Each receives the learner's module as `rf`.
+"""The judge's tests for exercise 201. Each receives the learner's module as `impl`.
 
 The judge's own engines are threads with real DEALER/PUSH sockets; the learner's engines run
 in real processes (`python -c "import router_frontend; ..."`). Every address is an ipc:// file
@@ -67,9 +67,9 @@ class JudgeEngine(threading.Thread):
 class Bench:
     """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
 
-    def __init__(self, rf, n_engines, delays):
+    def __init__(self, impl, n_engines, delays):
         self.ctx, self.d = zmq.Context(), IpcDir()
-        self.fe = rf.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
+        self.fe = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
         self.engines = [JudgeEngine(self.ctx, r, self.d, delay) for r, delay in enumerate(delays)]
 
     def __enter__(self):
@@ -86,8 +86,8 @@ class Bench:
             self.d.close()
 
 
-def _engine_process(rf, rank, d, idle_timeout=30.0):
-    code = (f"import {rf.__name__} as m; "
+def _engine_process(impl, rank, d, idle_timeout=30.0):
+    code = (f"import {impl.__name__} as m; "
             f"m.run_engine({rank}, {d.path('in')!r}, {d.path('out')!r}, {idle_timeout})")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -109,13 +109,13 @@ def _finish(proc, what):
 
 
 @test(input="engine_identity(r) for r in 0, 3, 258, 65535; rank_of of each; -1, 65536, b'\\x03'")
-def identity(rf):
+def identity(impl):
     for rank, ident in [(0, b"\x00\x00"), (3, b"\x03\x00"), (258, b"\x02\x01"),
                         (65535, b"\xff\xff")]:
-        check_equal(rf.engine_identity(rank), ident,
+        check_equal(impl.engine_identity(rank), ident,
                     f"engine_identity({rank}) (2 bytes, little endian)")
-        check_equal(rf.rank_of(ident), rank, f"rank_of({ident!r})")
-    for bad, call in [(-1, rf.engine_identity), (65536, rf.engine_identity), (b"\x03", rf.rank_of)]:
+        check_equal(impl.rank_of(ident), rank, f"rank_of({ident!r})")
+    for bad, call in [(-1, impl.engine_identity), (65536, impl.engine_identity), (b"\x03", impl.rank_of)]:
         try:
             call(bad)
         except ValueError:
@@ -128,10 +128,10 @@ def _open_fds() -> int:
 
 
 @test(input="FrontEnd(ipc in, ipc out, 1); close(); close()")
-def close_removes_socket_files(rf):
+def close_removes_socket_files(impl):
     with IpcDir() as d:
         before = _open_fds()
-        fe = rf.FrontEnd(d.path("in"), d.path("out"), 1)
+        fe = impl.FrontEnd(d.path("in"), d.path("out"), 1)
         files = [os.path.join(d.dir, n) for n in ("in", "out")]
         for f in files:
             if not os.path.exists(f):
@@ -152,14 +152,14 @@ def close_removes_socket_files(rf):
 @test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
             "ADD r2 'abc', STOP", timeout=25,
       hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
-def engine_says_ready_first(rf):
+def engine_says_ready_first(impl):
     ctx, d = zmq.Context(), IpcDir()
     router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
     for s in (router, pull):
         s.setsockopt(zmq.LINGER, 0)
     router.bind(d.path("in"))
     pull.bind(d.path("out"))
-    proc = _engine_process(rf, 2, d)
+    proc = _engine_process(impl, 2, d)
     try:
         if not router.poll(int(START_S * 1000)):
             raise Fail(f"no message from engine 2 within {START_S:g} s: the engine must send "
@@ -188,16 +188,16 @@ def engine_says_ready_first(rf):
 
 @test(input="run_engine(0, ..., idle_timeout=0.5) with nothing bound at either address",
       timeout=20)
-def engine_gives_up(rf):
+def engine_gives_up(impl):
     with IpcDir() as d:
-        _finish(_engine_process(rf, 0, d, idle_timeout=0.5),
+        _finish(_engine_process(impl, 0, d, idle_timeout=0.5),
                 "with no front end and idle_timeout=0.5")
 
 
 @test(input="FrontEnd(n_engines=3); engines 0, 1, 2 connect 0.3, 0.6, 0.9 s late; "
             "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'", timeout=20)
-def waits_for_every_engine(rf):
-    with Bench(rf, 3, [0.3, 0.6, 0.9]) as b:
+def waits_for_every_engine(impl):
+    with Bench(impl, 3, [0.3, 0.6, 0.9]) as b:
         ready = b.fe.wait_ready(10)
         routed = [b.fe.add_request(f"to-{r}", b"prompt", engine=r) for r in (2, 0, 1)]
         for e in b.engines:
@@ -213,8 +213,8 @@ def waits_for_every_engine(rf):
 
 @test(input="3 ready engines; add_request without engine x4, then engine=2, then without x3",
       timeout=15)
-def round_robin(rf):
-    with Bench(rf, 3, [0, 0, 0]) as b:
+def round_robin(impl):
+    with Bench(impl, 3, [0, 0, 0]) as b:
         b.fe.wait_ready(10)
         ids = [f"r{i}" for i in range(8)]
         routed = [b.fe.add_request(rid, b"x", engine=2 if i == 4 else None)
@@ -230,8 +230,8 @@ def round_robin(rf):
 
 @test(input="3 ready engines, 9 requests, get_outputs(9, 5), then get_outputs(1, 0.3)",
       timeout=15, hang="get_outputs must give up after its timeout: poll, never a bare recv.")
-def gathers_outputs(rf):
-    with Bench(rf, 3, [0, 0, 0]) as b:
+def gathers_outputs(impl):
+    with Bench(impl, 3, [0, 0, 0]) as b:
         b.fe.wait_ready(10)
         expected = []
         for i in range(9):
@@ -251,8 +251,8 @@ def gathers_outputs(rf):
 
 @test(input="FrontEnd(n_engines=3), only engines 0 and 1 start; wait_ready(1.0)", timeout=15,
       hang="wait_ready must give up after its timeout: poll, never a bare recv.")
-def wait_ready_timeout(rf):
-    with Bench(rf, 3, [0, 0]) as b:
+def wait_ready_timeout(impl):
+    with Bench(impl, 3, [0, 0]) as b:
         try:
             got = b.fe.wait_ready(1.0)
         except TimeoutError as e:
@@ -266,10 +266,10 @@ def wait_ready_timeout(rf):
 
 @test(input="your FrontEnd and 2 of your engines as processes; 20 requests; shutdown()",
       timeout=40)
-def end_to_end(rf):
+def end_to_end(impl):
     with IpcDir() as d:
-        fe = rf.FrontEnd(d.path("in"), d.path("out"), 2)
-        procs = [_engine_process(rf, r, d) for r in range(2)]
+        fe = impl.FrontEnd(d.path("in"), d.path("out"), 2)
+        procs = [_engine_process(impl, r, d) for r in range(2)]
         try:
             check_equal(fe.wait_ready(START_S), [0, 1], "wait_ready()")
             expected = []

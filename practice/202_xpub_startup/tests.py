@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 202. Each receives the learner's module as `xs`.
+"""The judge's tests for exercise 202. Each receives the learner's module as `impl`.
 
 Subscribers are real processes (`python -c ...`): the judge's own, which start late on purpose
 so that a publisher that does not wait loses messages every time, and the learner's `receive`.
@@ -82,10 +82,10 @@ def _check_all_received(results, messages, what):
 
 
 @test(input="3 SUB sockets subscribe to b''; wait_for_subscribers(3, 2.0)")
-def counts_every_subscriber(xs):
+def counts_every_subscriber(impl):
     with IpcDir() as d:
         ctx = zmq.Context()
-        pub = xs.Publisher(d.path("pub"))
+        pub = impl.Publisher(d.path("pub"))
         subs = [ctx.socket(zmq.SUB) for _ in range(3)]
         try:
             for s in subs:
@@ -113,10 +113,10 @@ def _open_fds() -> int:
 
 
 @test(input="Publisher(ipc address); close(); close()")
-def close_removes_socket_file(xs):
+def close_removes_socket_file(impl):
     with IpcDir() as d:
         before = _open_fds()
-        pub = xs.Publisher(d.path("pub"))
+        pub = impl.Publisher(d.path("pub"))
         path = os.path.join(d.dir, "pub")
         if not os.path.exists(path):
             raise Fail(f"Publisher() must bind its XPUB: {path} does not exist")
@@ -133,10 +133,10 @@ def close_removes_socket_file(xs):
 
 @test(input=f"3 subscriber processes connect {LATE_S} s after they start; "
             "wait_for_subscribers(3, 8.0); publish 100 messages", timeout=30)
-def slow_joiners(xs):
+def slow_joiners(impl):
     messages = [f"msg {i}" for i in range(100)]
     with IpcDir() as d:
-        pub = xs.Publisher(d.path("pub"))
+        pub = impl.Publisher(d.path("pub"))
         procs = [_start(JUDGE_SUBSCRIBER, d.path("pub"), LATE_S, len(messages), QUIET_S)
                  for _ in range(3)]
         try:
@@ -152,10 +152,10 @@ def slow_joiners(xs):
 
 @test(input="1 SUB socket; wait_for_subscribers(2, 1.0)", timeout=8,
       hang="wait_for_subscribers must give up after its timeout: poll, never a bare recv.")
-def wait_is_bounded(xs):
+def wait_is_bounded(impl):
     with IpcDir() as d:
         ctx = zmq.Context()
-        pub = xs.Publisher(d.path("pub"))
+        pub = impl.Publisher(d.path("pub"))
         sub = ctx.socket(zmq.SUB)
         try:
             sub.setsockopt(zmq.LINGER, 0)
@@ -178,13 +178,13 @@ def wait_is_bounded(xs):
 
 @test(input="your receive(address, 50, 2.0) in 3 processes; your Publisher; 50 messages",
       timeout=30)
-def your_subscribers(xs):
+def your_subscribers(impl):
     messages = [f"update {i}" for i in range(50)]
-    code = (f"import json, sys, {xs.__name__} as m; "
+    code = (f"import json, sys, {impl.__name__} as m; "
             "print(json.dumps([x.decode() for x in m.receive(sys.argv[1], int(sys.argv[2]), "
             "float(sys.argv[3]))]))")
     with IpcDir() as d:
-        pub = xs.Publisher(d.path("pub"))
+        pub = impl.Publisher(d.path("pub"))
         procs = [_start(code, d.path("pub"), len(messages), QUIET_S) for _ in range(3)]
         try:
             try:

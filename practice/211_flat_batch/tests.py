@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 211. Each receives the learner's module as `fb`."""
+"""The judge's tests for exercise 211. Each receives the learner's module as `impl`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ BATCH = [("a", [1, 2, 3]), ("b", []), ("c", [70000, 5])]
 
 
 @test(input=f"batch={BATCH}")
-def frame_layout(fb):
-    frames = fb.encode(BATCH)
+def frame_layout(impl):
+    frames = impl.encode(BATCH)
     check_equal(len(frames), 2, "number of frames")
     check_equal(msgspec.msgpack.decode(frames[0]), [["a", "b", "c"], [0, 3, 3, 5]],
                 "frame 0 decoded: [request_ids, offsets]")
@@ -21,32 +21,32 @@ def frame_layout(fb):
 
 
 @test(input="256 requests, every 16th with 512 tokens, the others with 1")
-def roundtrip(fb):
+def roundtrip(impl):
     rng = np.random.default_rng(0)
     batch = [(f"r{i}", rng.integers(0, 49152, 512 if i % 16 == 0 else 1).tolist())
              for i in range(256)]
-    frames = fb.encode(batch)
+    frames = impl.encode(batch)
     check_equal(memoryview(frames[1]).nbytes, 4 * sum(len(t) for _, t in batch),
                 "bytes in frame 1 (4 per token)")
-    decoded = fb.decode([bytes(f) for f in frames])
+    decoded = impl.decode([bytes(f) for f in frames])
     check_equal(decoded[0], [r for r, _ in batch], "request ids")
     for i, (_, tokens) in enumerate(batch):
-        check_equal(fb.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})")
+        check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})")
 
 
 @test(input="batch=[]  and  batch=[('x', [])]")
-def empty(fb):
+def empty(impl):
     for batch in ([], [("x", [])]):
-        decoded = fb.decode([bytes(f) for f in fb.encode(batch)])
+        decoded = impl.decode([bytes(f) for f in impl.encode(batch)])
         check_equal(decoded[0], [r for r, _ in batch], "request ids", str(batch))
         check_equal(len(decoded[1]), 0, "number of tokens", str(batch))
 
 
 @test(input="decode of frames [body, bytearray of 1000 tokens]")
-def zero_copy(fb):
-    frames = fb.encode([("a", list(range(1000)))])
+def zero_copy(impl):
+    frames = impl.encode([("a", list(range(1000)))])
     frame1 = bytearray(frames[1])
-    ids, tokens, offsets = fb.decode([frames[0], frame1])
+    ids, tokens, offsets = impl.decode([frames[0], frame1])
     if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32:
         raise Fail("tokens must be an int32 numpy array", expected="int32 ndarray",
                    got=f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}")

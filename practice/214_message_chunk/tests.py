@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 214. Each receives the learner's module as `cf`."""
+"""The judge's tests for exercise 214. Each receives the learner's module as `impl`."""
 
 from __future__ import annotations
 
@@ -19,55 +19,55 @@ def _packed(frames) -> bytes:
 
 
 @test(input="frames [b'ab', b'', b'xyz'] into bytearray(32)")
-def layout(cf):
+def layout(impl):
     frames = [b"ab", b"", b"xyz"]
     chunk = bytearray(32)
-    check_equal(cf.pack_into(chunk, frames), True, "pack_into's result for a message that fits")
+    check_equal(impl.pack_into(chunk, frames), True, "pack_into's result for a message that fits")
     want = _packed(frames)
     if bytes(chunk[:len(want)]) != want:
         raise Fail("the packed bytes are wrong (byte 0, u16 LE count, u32 LE lengths, data)",
                    expected=want, got=bytes(chunk[:len(want)]), input="[b'ab', b'', b'xyz']")
-    check_equal(cf.unpack(chunk), frames, "unpack of that chunk")
+    check_equal(impl.unpack(chunk), frames, "unpack of that chunk")
 
 
 @test(input="chunks of 64 bytes; messages of exactly 64 and of 65 packed bytes")
-def exact_fit(cf):
-    check_equal(cf.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
+def exact_fit(impl):
+    check_equal(impl.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
     exact = [bytes(64 - 3 - 4)]  # one frame: header 3 + length 4 + 57 bytes = 64
-    check_equal(cf.fits(exact, 64), True, "fits(one 57-byte frame, 64): it fills the chunk exactly")
+    check_equal(impl.fits(exact, 64), True, "fits(one 57-byte frame, 64): it fills the chunk exactly")
     chunk = bytearray(64)
-    check_equal(cf.pack_into(chunk, exact), True, "pack_into of a message that fills the chunk")
-    check_equal(cf.unpack(chunk), exact, "unpack of the exactly full chunk")
+    check_equal(impl.pack_into(chunk, exact), True, "pack_into of a message that fills the chunk")
+    check_equal(impl.unpack(chunk), exact, "unpack of the exactly full chunk")
     big = [bytes(58)]
-    check_equal(cf.fits(big, 64), False, "fits(one 58-byte frame, 64)")
+    check_equal(impl.fits(big, 64), False, "fits(one 58-byte frame, 64)")
     chunk = bytearray(64)
-    check_equal(cf.pack_into(chunk, big), False, "pack_into of a message one byte too big")
+    check_equal(impl.pack_into(chunk, big), False, "pack_into of a message one byte too big")
     check_equal(chunk[0], 1, "byte 0 after an overflow (the OVERFLOW marker)")
-    check_equal(cf.unpack(chunk), None, "unpack of an overflow marker")
+    check_equal(impl.unpack(chunk), None, "unpack of an overflow marker")
 
 
 @test(input="frames: memoryview(array('i', range(10))) (40 bytes, 10 items) and b'z'")
-def multibyte_frames(cf):
+def multibyte_frames(impl):
     ints = array.array("i", range(10))
     frames = [memoryview(ints), b"z"]
-    check_equal(cf.packed_size(frames), 3 + 8 + 41, "packed_size: a frame's size is its bytes, "
+    check_equal(impl.packed_size(frames), 3 + 8 + 41, "packed_size: a frame's size is its bytes, "
                 "not len() (which counts the 10 items)")
     chunk = memoryview(bytearray(128))
-    check_equal(cf.pack_into(chunk, frames), True, "pack_into into a memoryview chunk")
+    check_equal(impl.pack_into(chunk, frames), True, "pack_into into a memoryview chunk")
     want = _packed(frames)
     if bytes(chunk[:len(want)]) != want:
         raise Fail("the packed bytes are wrong for a multi-byte frame",
                    expected=want, got=bytes(chunk[:len(want)]))
-    got = cf.unpack(chunk)
+    got = impl.unpack(chunk)
     check_equal([bytes(f) for f in got], [ints.tobytes(), b"z"], "unpack of the multi-byte frames")
 
 
 @test(input="unpack a chunk, then overwrite the chunk with the next message")
-def copy_out(cf):
+def copy_out(impl):
     chunk = memoryview(bytearray(64))
-    cf.pack_into(chunk, [b"first message"])
-    frames = cf.unpack(chunk)
-    cf.pack_into(chunk, [b"SECOND MESSAGE"])
+    impl.pack_into(chunk, [b"first message"])
+    frames = impl.unpack(chunk)
+    impl.pack_into(chunk, [b"SECOND MESSAGE"])
     got = [bytes(f) for f in frames]
     if got != [b"first message"]:
         raise Fail("the frames unpack returned changed when the writer reused the chunk: they are "
@@ -76,11 +76,11 @@ def copy_out(cf):
 
 
 @test(input="70,000 empty frames, a 1 MiB chunk")
-def too_many_frames(cf):
+def too_many_frames(impl):
     frames = [b""] * 70_000
-    check_equal(cf.fits(frames, 1 << 20), False, "fits(70,000 frames): the count is a u16 (<= 65,535)")
+    check_equal(impl.fits(frames, 1 << 20), False, "fits(70,000 frames): the count is a u16 (<= 65,535)")
     chunk = bytearray(1 << 20)
-    check_equal(cf.pack_into(chunk, frames), False, "pack_into(70,000 frames)")
+    check_equal(impl.pack_into(chunk, frames), False, "pack_into(70,000 frames)")
     check_equal(chunk[0], 1, "byte 0 after that overflow")
 
 
@@ -91,7 +91,7 @@ def _messages(count: int, chunk_bytes: int) -> list[list[bytes]]:
             for _ in range(count)]
 
 
-def _reader(cf, name, n_chunks, chunk_bytes, count, pipe, report):
+def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, report):
     from minivllm.distributed.shm_ring import ShmRingBuffer
     import time
 
@@ -102,7 +102,7 @@ def _reader(cf, name, n_chunks, chunk_bytes, count, pipe, report):
             time.sleep(0.0001)
         view = ring.chunk(idx)
         try:
-            frames = cf.unpack(view)
+            frames = impl.unpack(view)
         finally:
             view.release()
         ring.end_read(idx, 0)
@@ -117,7 +117,7 @@ def _reader(cf, name, n_chunks, chunk_bytes, count, pipe, report):
 
 @test(input="ShmRingBuffer(1 reader, 4 chunks of 256 B), 500 messages, about 1 in 6 overflows",
       timeout=30, hang="the writer or the reader waited for a chunk that never changed state")
-def through_the_ring(cf):
+def through_the_ring(impl):
     import time
 
     from minivllm.distributed.shm_ring import ShmRingBuffer
@@ -127,7 +127,7 @@ def through_the_ring(cf):
     ctx = mp.get_context("fork")
     pipe_rx, pipe_tx = ctx.Pipe(duplex=False)
     report_rx, report_tx = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_reader, args=(cf, ring.name, n_chunks, chunk_bytes, count,
+    proc = ctx.Process(target=_reader, args=(impl, ring.name, n_chunks, chunk_bytes, count,
                                               pipe_rx, report_tx))
     proc.start()
     try:
@@ -139,7 +139,7 @@ def through_the_ring(cf):
                 time.sleep(0.0001)
             view = ring.begin_write(idx)
             try:
-                packed = cf.pack_into(view, frames)
+                packed = impl.pack_into(view, frames)
             finally:
                 view.release()
             ring.end_write(idx)

@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 301. Each receives the learner's module as `wu`."""
+"""The judge's tests for exercise 301. Each receives the learner's module as `impl`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ def snapshot(weights):
     return {name: t.detach().clone() for name, t in weights.items()}
 
 
-def expect_mismatch(wu, target, update, what: str) -> str:
+def expect_mismatch(impl, target, update, what: str) -> str:
     before = snapshot(target)
     try:
-        wu.apply_update(target, update)
-    except wu.WeightMismatchError as exc:
+        impl.apply_update(target, update)
+    except impl.WeightMismatchError as exc:
         message = str(exc)
     else:
         raise Fail(f"apply_update accepted {what}: it must raise WeightMismatchError",
@@ -40,10 +40,10 @@ def expect_mismatch(wu, target, update, what: str) -> str:
     return message
 
 
-def check_in_place(wu, device: str) -> None:
+def check_in_place(impl, device: str) -> None:
     target, update = engine(device), trainer(device)
     ids = {n: (id(t), t.data_ptr()) for n, t in target.items()}
-    names = wu.apply_update(target, update)
+    names = impl.apply_update(target, update)
     check_equal(names, list(update), "the returned names")
     for n in update:
         if (id(target[n]), target[n].data_ptr()) != ids[n]:
@@ -55,15 +55,15 @@ def check_in_place(wu, device: str) -> None:
 
 
 @test(input="4 matching tensors (an embedding, a projection, a norm, an lm head)")
-def copies_in_place(wu):
-    check_in_place(wu, "cpu")
+def copies_in_place(impl):
+    check_in_place(impl, "cpu")
 
 
 @test(input="'layers.0.q_proj.weight' arrives as [4, 2] where the engine has [4, 4]")
-def shape_mismatch_is_named(wu):
+def shape_mismatch_is_named(impl):
     update = trainer()
     update["layers.0.q_proj.weight"] = torch.ones(4, 2)
-    message = expect_mismatch(wu, engine(), update, "a [4, 2] update for a [4, 4] weight")
+    message = expect_mismatch(impl, engine(), update, "a [4, 2] update for a [4, 4] weight")
     for part in ("layers.0.q_proj.weight", "[4, 4]", "[4, 2]"):
         if part not in message:
             raise Fail(f"the error message must name the tensor and both shapes; {part!r} is missing",
@@ -71,39 +71,39 @@ def shape_mismatch_is_named(wu):
 
 
 @test(input="3 tensors fit; the last one, 'lm_head.weight', is [6, 5] instead of [6, 4]")
-def all_or_nothing(wu):
+def all_or_nothing(impl):
     update = trainer()
     update["lm_head.weight"] = torch.ones(6, 5)
-    expect_mismatch(wu, engine(), update, "an update whose last tensor misfits")
+    expect_mismatch(impl, engine(), update, "an update whose last tensor misfits")
 
 
 @test(input="'layers.0.norm' arrives as float64; the engine's is float32")
-def dtype_mismatch(wu):
+def dtype_mismatch(impl):
     update = trainer()
     update["layers.0.norm"] = update["layers.0.norm"].double()
-    message = expect_mismatch(wu, engine(), update, "a float64 update for a float32 weight")
+    message = expect_mismatch(impl, engine(), update, "a float64 update for a float32 weight")
     if "layers.0.norm" not in message or "float64" not in message:
         raise Fail("the error message must name the tensor and both dtypes", got=message)
 
 
 @test(input="an update with 'layers.1.q_proj.weight', which the engine does not have")
-def unknown_name(wu):
+def unknown_name(impl):
     update = trainer()
     update["layers.1.q_proj.weight"] = torch.ones(4, 4)
-    message = expect_mismatch(wu, engine(), update, "an update with an unknown name")
+    message = expect_mismatch(impl, engine(), update, "an update with an unknown name")
     if "layers.1.q_proj.weight" not in message:
         raise Fail("the error message must name the unknown tensor", got=message)
 
 
 @test(input="a [4] update for a [2, 4] weight: copy_ would broadcast it without complaint")
-def broadcastable_shapes_are_still_a_mismatch(wu):
+def broadcastable_shapes_are_still_a_mismatch(impl):
     target = {"w": torch.zeros(2, 4)}
-    message = expect_mismatch(wu, target, {"w": torch.ones(4)}, "a [4] update for a [2, 4] weight")
+    message = expect_mismatch(impl, target, {"w": torch.ones(4)}, "a [4] update for a [2, 4] weight")
     if "[2, 4]" not in message or "[4]" not in message:
         raise Fail("the error message must give both shapes", got=message)
 
 
 @test(input="the same 4 tensors on the GPU", requires=("cuda",))
-def cuda_in_place(wu):
-    check_in_place(wu, "cuda")
+def cuda_in_place(impl):
+    check_in_place(impl, "cuda")
     torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 302. Each receives the learner's module as `ho`."""
+"""The judge's tests for exercise 302. Each receives the learner's module as `impl`."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def is_closed(fd: int) -> bool:
 
 
 @test(input="3 tensors (float32 [8, 4] and [4, 4], float64 [4]), shared and attached in one process")
-def share_then_attach(ho):
+def share_then_attach(impl):
     ws = weights()
-    metas, fds = ho.share(ws)
+    metas, fds = impl.share(ws)
     check_equal([m["name"] for m in metas], list(ws), "the metas' names, in order")
     check_equal([m["dtype"] for m in metas], ["float32", "float32", "float64"], "the metas' dtypes")
     check_equal([list(m["shape"]) for m in metas], [[8, 4], [4, 4], [4]], "the metas' shapes")
@@ -49,7 +49,7 @@ def share_then_attach(ho):
     if not_shared:
         raise Fail("share() must move the trainer's own tensors into shared memory (in place, "
                    "with share_memory_()), not copies of them", got=f"not shared: {not_shared}")
-    views = ho.attach(metas, [os.dup(fd) for fd in fds])  # dups: the originals belong to ws
+    views = impl.attach(metas, [os.dup(fd) for fd in fds])  # dups: the originals belong to ws
     for name, t in ws.items():
         if not torch.equal(views[name], t):
             raise Fail(f"attach()'s {name!r} does not hold the shared values", input=name)
@@ -61,22 +61,22 @@ def share_then_attach(ho):
 
 
 @test(input="attach() of 3 descriptors")
-def attach_closes_the_descriptors(ho):
+def attach_closes_the_descriptors(impl):
     ws = weights()
-    metas, fds = ho.share(ws)
+    metas, fds = impl.share(ws)
     dups = [os.dup(fd) for fd in fds]
-    ho.attach(metas, dups)
+    impl.attach(metas, dups)
     left = [fd for fd in dups if not is_closed(fd)]
     if left:
         raise Fail("attach() left received descriptors open: each one is a leak (map_fd closes "
                    "the descriptor it is given)", got=f"{len(left)} of 3 still open")
 
 
-def with_engine(ho, delay_s: float, body) -> None:
+def with_engine(impl, delay_s: float, body) -> None:
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     shapes = {n: list(t.shape) for n, t in weights().items()}
-    proc = ctx.Process(target=ho.serve_engine, args=(child_conn, shapes, delay_s), daemon=True)
+    proc = ctx.Process(target=impl.serve_engine, args=(child_conn, shapes, delay_s), daemon=True)
     proc.start()
     child_conn.close()
     try:
@@ -104,12 +104,12 @@ def engine_sums(conn) -> dict[str, float]:
 @test(input="two rounds to an engine process, the trainer's values changing in between",
       timeout=30, hang="A hang here usually means one side waits for a frame or descriptors "
                        "the other never sends (check the order: JSON frame, fds, ack).")
-def handoff_to_another_process(ho):
+def handoff_to_another_process(impl):
     def body(conn):
         ws = weights()
         for step in range(2):
             conn.send_bytes(b"round")
-            ho.send_weights(conn, ws)
+            impl.send_weights(conn, ws)
             got = engine_sums(conn)
             check_equal({n: round(v, 4) for n, v in got.items()},
                         {n: round(v, 4) for n, v in sums(ws).items()},
@@ -117,16 +117,16 @@ def handoff_to_another_process(ho):
             with torch.no_grad():
                 for t in ws.values():
                     t.mul_(2)
-    with_engine(ho, 0.0, body)
+    with_engine(impl, 0.0, body)
 
 
 @test(input=f"a slow engine ({SLOW_COPY_S} s between mapping and copying); the trainer writes "
             "new values as soon as send_weights() returns", timeout=30)
-def no_torn_update(ho):
+def no_torn_update(impl):
     def body(conn):
         ws = weights(fill=1.0)
         conn.send_bytes(b"round")
-        ho.send_weights(conn, ws)
+        impl.send_weights(conn, ws)
         for t in ws.values():  # the next training step, in place
             t.fill_(7.0)
         got = engine_sums(conn)
@@ -135,4 +135,4 @@ def no_torn_update(ho):
             raise Fail("the engine copied the trainer's *next* values: the ack came before the "
                        "engine had copied (the receiver must copy first, then ack; the sender "
                        "must not return before the ack)", expected=expected, got=got)
-    with_engine(ho, SLOW_COPY_S, body)
+    with_engine(impl, SLOW_COPY_S, body)
