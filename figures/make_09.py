@@ -1,0 +1,103 @@
+"""Figures of chapter 09: the processes of `minivllm serve`, and a step timeline from --trace.
+
+    .venv/bin/python figures/make_09.py      writes figures/09_serve.png
+
+`draw_timeline(events, ax)` draws the events of a `minivllm serve --trace FILE` run (one row per
+process and thread, one colour per span name); chapter 09 imports it to draw the reader's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from drawing import box
+
+HERE = Path(__file__).resolve().parent
+REQUEST, OUTPUT = "#1f4e9c", "#b35900"
+
+
+def arrow(ax, x0, y0, x1, y1, color="black", text=None, dy=0.12):
+    ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="->", lw=1.5, color=color))
+    if text:
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2 + dy, text, ha="center", fontsize=8, color=color)
+
+
+def draw_architecture(ax) -> None:
+    box(ax, 0.1, 2.0, 1.6, 1.6, "clients\n(openai, curl)", "#eeeeee")
+    box(ax, 2.4, 1.6, 2.6, 2.4, "API server\nFastAPI + uvicorn\n\nparse, chat template,\ntokenize,"
+        "\ndetokenize, SSE", "#dbe9f6")
+    box(ax, 6.0, 1.6, 2.6, 2.4, "engine core\n\ninput thread\nbusy loop: schedule,\nexecute, "
+        "outputs\noutput thread", "#fde2c8")
+    for i, y in enumerate((3.3, 2.2, 1.1)):
+        box(ax, 9.6, y, 1.9, 0.8, f"worker TP{i}\nforward, sample", "#e2f0d9", size=8)
+    arrow(ax, 1.75, 3.1, 2.35, 3.1, REQUEST, "HTTP POST")
+    arrow(ax, 2.35, 2.4, 1.75, 2.4, OUTPUT, "SSE", dy=-0.3)
+    arrow(ax, 5.05, 3.3, 5.95, 3.3, REQUEST, "ROUTER->DEALER")
+    arrow(ax, 5.95, 2.3, 5.05, 2.3, OUTPUT, "PUSH->PULL", dy=-0.3)
+    for y in (3.7, 2.6, 1.5):
+        arrow(ax, 8.65, 2.8, 9.55, y, REQUEST)
+    ax.text(9.1, 4.3, "shm ring\n(one broadcast)", ha="center", fontsize=8, color=REQUEST)
+    arrow(ax, 9.55, 3.55, 8.65, 3.55, OUTPUT)
+    ax.text(9.1, 3.62, "reply", ha="center", fontsize=8, color=OUTPUT)
+    ax.text(6.0, 0.5, "-tp 1: the worker is an object inside the engine core (2 processes); "
+            "-tp N: N worker processes", ha="center", fontsize=8)
+    ax.set_xlim(0, 11.7)
+    ax.set_ylim(0.2, 4.8)
+    ax.axis("off")
+
+
+def tracks(events: list[dict]) -> list[tuple[int, int, str]]:
+    """(pid, tid, label) of every thread with spans, API servers first, in time order."""
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["name"] == "thread_name"}
+    first: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e["ph"] == "X":
+            key = (e["pid"], e["tid"])
+            first[key] = min(first.get(key, e["ts"]), e["ts"])
+
+    def label(pid: int, tid: int) -> str:
+        return f"{procs.get(pid, pid)}\n{threads.get((pid, tid), tid)}"
+    order = sorted(first, key=lambda k: ("APIServer" not in str(procs.get(k[0], "")), first[k]))
+    return [(pid, tid, label(pid, tid)) for pid, tid in order]
+
+
+def draw_timeline(events: list[dict], ax, window_ms: float | None = None) -> None:
+    """One row per (process, thread); spans as bars, coloured by name; time in ms from the
+    first span. `window_ms` keeps only the first window_ms milliseconds."""
+    spans = [e for e in events if e["ph"] == "X"]
+    t0 = min(e["ts"] for e in spans)
+    rows = tracks(events)
+    row_of = {(pid, tid): i for i, (pid, tid, _) in enumerate(rows)}
+    names = sorted({e["name"] for e in spans})
+    cmap = plt.get_cmap("tab20")
+    colour = {n: cmap(i % 20) for i, n in enumerate(names)}
+    for e in spans:
+        start = (e["ts"] - t0) / 1000
+        if window_ms is not None and start > window_ms:
+            continue
+        ax.broken_barh([(start, max(e["dur"] / 1000, 0.02))],
+                       (row_of[(e["pid"], e["tid"])] - 0.4, 0.8), color=colour[e["name"]])
+    ax.set_yticks(range(len(rows)), [r[2] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first span (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
+    ax.legend(handles, names, fontsize=7, ncol=min(len(names), 6), loc="upper center",
+              bbox_to_anchor=(0.5, -0.18))
+
+
+def main() -> None:
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    draw_architecture(ax)
+    ax.set_title("minivllm serve -tp 3: one request's path through the processes")
+    fig.tight_layout()
+    fig.savefig(HERE / "09_serve.png", dpi=110)
+
+
+if __name__ == "__main__":
+    import matplotlib
+    matplotlib.use("Agg")
+    main()
