@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             results, wall = asyncio.run(run_load("127.0.0.1", port, prompts,
                                                  args.random_output_len, c, f"serve c={c}"))
             served = summarize("serve", c, results, wall, (time.process_time() - cpu0) / wall)
+            for error in sorted({r.error for r in results if r.error})[:3]:
+                print(f"c={c}: a request failed: {error}", file=sys.stderr)
             run_inproc(inproc_engine, prompts, args.random_output_len, c)  # warm-up
             inproc = summarize("inproc", c, *run_inproc(inproc_engine, prompts,
                                                         args.random_output_len, c))
