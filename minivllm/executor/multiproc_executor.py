@@ -56,6 +56,8 @@ EXECUTE_MODEL_TIMEOUT_S = 300.0  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS def
 # With more ranks than cores a spinning rank takes the core the engine core needs to schedule
 # the next step, so the window shrinks to what covers the gap between two steps.
 OVERSUBSCRIBED_SPIN_S = 0.002
+# After a failed step, how long to look for a dead peer before blaming the rank that replied.
+DEATH_GRACE_S = 1.0
 
 
 class WorkerDiedError(RuntimeError):
@@ -152,6 +154,7 @@ class MultiprocExecutor(Executor):
                                  EXECUTE_MODEL_TIMEOUT_S)
         end = time.perf_counter()
         if isinstance(reply, RPCError):
+            self._raise_if_a_worker_died(reply)
             raise RuntimeError(f"execute_model failed on worker {self._who(reply.rank)}:\n"
                                f"{reply.error}")
         t = reply.timing
@@ -184,6 +187,21 @@ class MultiprocExecutor(Executor):
                 return reply
             # a late reply to an earlier call whose caller timed out: not ours, drop it
 
+    def _raise_if_a_worker_died(self, reply: RPCError) -> None:
+        """A peer's death often reaches the output rank first, as a failed all-reduce: blame
+        the dead worker, not the rank that noticed."""
+        alive = [w.proc.sentinel for w in self.workers if w.proc.is_alive()]
+        if len(alive) == len(self.workers):
+            multiprocessing.connection.wait(alive, DEATH_GRACE_S)
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while not self.is_failed and time.monotonic() < deadline and \
+                any(not w.proc.is_alive() for w in self.workers):
+            time.sleep(0.01)  # the monitor thread is writing self.failure
+        if self.is_failed:
+            last = reply.error.strip().splitlines()[-1]
+            raise WorkerDiedError(f"execute_model: {self.failure}\n(worker {reply.rank} then "
+                                  f"failed with: {last})")
+
     def _check_alive(self, what: str) -> None:
         if self.is_failed or self.shutting_down:
             raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}")
@@ -211,8 +229,9 @@ class MultiprocExecutor(Executor):
         threading.Thread(target=monitor_workers, daemon=True, name="MultiprocWorkerMonitor").start()
 
     def _on_worker_death(self, dead: WorkerProcHandle) -> None:
-        dead.proc.process.join(1.0)
-        code = dead.proc.process.exitcode
+        deadline = time.monotonic() + 1.0  # another thread may be reaping it right now
+        while (code := dead.proc.process.exitcode) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
         self.failure = (f"worker {self._who(dead.rank)} died ({how}); the engine cannot run "
                         "another step. See the worker's log above")

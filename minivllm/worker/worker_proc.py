@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -45,6 +46,7 @@ READY_TIMEOUT_S = 60.0  # every queue attached within this, or the start failed
 # doing the work (3 ranks + the engine core on 2 cores), so the executor spins only this long
 # after the broadcast, then sleeps in poll until the worker's notify wakes it.
 REPLY_SPIN_S = 0.0005
+EXIT_STEP_FAILED = 1
 REPLY_CHUNK_BYTES = 1 << 16  # a step's sampled ids for hundreds of rows; larger overflows
 REPLY_CHUNKS = 4
 
@@ -63,7 +65,7 @@ class WorkerProc:
         self.worker_response_mq = MessageQueue(1, 1, REPLY_CHUNK_BYTES, REPLY_CHUNKS,
                                                busy_loop_s=REPLY_SPIN_S)
         self.worker = Worker(config, rank, distributed_init_method)
-        self.encoder = self.worker_response_mq.encoder
+        self._lock, self._closed = threading.Lock(), False  # wake_up() vs shutdown() race
 
     def wait_until_ready(self) -> None:
         self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
@@ -108,10 +110,20 @@ class WorkerProc:
             except TypeError as e:  # a result msgpack cannot carry: say which, keep serving
                 self.worker_response_mq.enqueue(RPCError(request.call_id, self.rank, str(e)))
 
+    def wake_up(self) -> None:
+        """From another thread: make a blocked dequeue or enqueue raise QueueShutdown."""
+        with self._lock:
+            if not self._closed:
+                self.rpc_broadcast_mq.shutdown()
+                self.worker_response_mq.shutdown()
+
     def shutdown(self, engine_core_died: bool) -> None:
-        self.worker.shutdown()
-        for mq in (self.rpc_broadcast_mq, self.worker_response_mq):
-            mq.close()
+        """Close the queues (an orphan gets SIGTERM a second after the death pipe's EOF,
+        utils/mp.PARENT_DEATH_GRACE_S: this must be quick)."""
+        with self._lock:
+            self._closed = True
+            for mq in (self.rpc_broadcast_mq, self.worker_response_mq):
+                mq.close()
         if engine_core_died:  # its ring and ipc files are ours to remove now
             unlink_queue_files(self.broadcast_handle)
 
@@ -145,14 +157,21 @@ def worker_main(link: ChildLink, config: EngineConfig, rank: int, broadcast_hand
 
     def stop_on_request() -> None:  # the death pipe said stop (or EOF): wake the loop
         link.wait_stop()
-        proc.rpc_broadcast_mq.shutdown()
-        proc.worker_response_mq.shutdown()
+        proc.wake_up()
 
     threading.Thread(target=stop_on_request, daemon=True, name="stop-on-request").start()
+    code = 0
     try:
         proc.wait_until_ready()
         proc.worker_busy_loop()
     except QueueShutdown:
         pass  # stop requested
-    finally:
-        proc.shutdown(engine_core_died=link.parent_died)
+    except Exception:
+        traceback.print_exc()
+        code = EXIT_STEP_FAILED
+    proc.shutdown(engine_core_died=link.parent_died)
+    # Leave without the interpreter's teardown: with a peer gone, destroying the gloo process
+    # group blocked for over 5 s here (the executor's grace before SIGTERM).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
