@@ -85,8 +85,11 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
-def write_json(path: str | None, bench: str, results: list[dict], ratios: dict[str, float]) -> dict:
-    record = {"bench": bench, "machine": machine_info(), "results": results, "ratios": ratios}
+def write_json(path: str | None, bench: str, results: list[dict], ratios: dict[str, float],
+               machine: dict[str, Any] | None = None) -> dict:
+    """`machine`: what this bench adds to machine_info() (the CPU flags its figures depend on)."""
+    record = {"bench": bench, "machine": {**machine_info(), **(machine or {})},
+              "results": results, "ratios": ratios}
     if path:
         with open(path, "w") as f:
             json.dump(record, f, indent=2)

@@ -6,13 +6,25 @@ machine's two limits, measured in the same run.
 
 Each row: the engine (EngineCore.step: scheduler, runner, sampler) and the model alone
 (forward + logits on the same shapes), the in-process baseline later chapters compare against.
+
+Every reading has a time box, so the default run ends in a few minutes on any CPU. A limit
+runs until its budget is spent, and the matmul is sized to the machine (it grows from 256 while
+a call stays short): without avx512_bf16 a bfloat16 2048^2 product took 14 s on an AVX2 EPYC.
+A dtype the CPU only emulates gets a brief row (batch 1, one round, a short context) and the
+reason. Before a row starts, one timed model step estimates it, and a long row says so.
+
+Last, the C ops: which run in C and which in torch on this CPU (model/op_selection.py), and
+batch-1 decode with that choice, all C and all torch, interleaved round by round.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -23,45 +35,92 @@ from minivllm.bench.common import (bench_parser, median_time, print_table, quick
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
+from minivllm.model import cpu_features, csrc_build, custom_ops, op_selection
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts
+EMULATED_PROMPT_LEN = 16  # an emulated dtype prefills slowly: a short context keeps it brief
 BANDWIDTH_BYTES = 256 * 2**20  # far larger than the L3 cache, like the weights
 WARMUP_STEPS = 2  # the first steps fault in KV cache pages and start the thread pool
-MATMUL_N = 2048  # a square matmul this size runs near the peak FLOP/s of the BLAS
+MATMUL_SIZES = (256, 512, 1024, 2048)  # 2048: near the BLAS's peak; smaller where a call is slow
+LIMIT_BUDGET_S = 1.0  # seconds per limit reading (--quick: a quarter)
+MIN_CALLS = 2  # timed calls a limit makes even past its budget
+LONG_ROW_S = 20.0  # a row estimated past this says so before it starts
+OPS_ROUNDS = 5  # rounds of the interleaved C ops comparison (--quick: 2)
 
 
-def measure_bandwidth(repeats: int) -> float:
-    """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches. A limit is
-    the best the machine does (noise only lowers it), so take the fastest of the repeats."""
+@dataclass
+class Limit:
+    value: float  # bytes/s or FLOP/s: the fastest call, since noise only lowers a limit
+    calls: int  # timed calls made within the budget
+    size: int  # the bytes read, or the matmul's n
+
+
+def time_boxed(fn: Callable[[], object], budget_s: float,
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Call fn until budget_s has passed on `clock` (and at least MIN_CALLS times); the time of
+    each call. A call is never cut short: a budget smaller than one call gives MIN_CALLS."""
+    times: list[float] = []
+    end = clock() + budget_s
+    while True:
+        start = clock()
+        fn()
+        stop = clock()
+        times.append(stop - start)
+        if stop >= end and len(times) >= MIN_CALLS:
+            return times
+
+
+def measure_bandwidth(budget_s: float, clock: Callable[[], float] = time.perf_counter) -> Limit:
+    """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches."""
     buf = torch.ones(BANDWIDTH_BYTES // 4)
-    return BANDWIDTH_BYTES / _times(lambda: buf.sum(), repeats)[0]
+    times = time_boxed(buf.sum, budget_s, clock)
+    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES)
 
 
-def measure_matmul(dtype: torch.dtype, repeats: int) -> float:
-    """FLOP/s of a large square matmul, the best of MKL (`a @ b`) and oneDNN with a prepacked
-    weight (the kernel the model uses for many rows): the limit is what the machine can do."""
-    a, b = torch.randn(MATMUL_N, MATMUL_N, dtype=dtype), torch.randn(MATMUL_N, MATMUL_N, dtype=dtype)
+def measure_matmul(dtype: torch.dtype, budget_s: float,
+                   clock: Callable[[], float] = time.perf_counter) -> Limit:
+    """FLOP/s of a square matmul, the best of MKL (`a @ b`) and oneDNN with a prepacked weight
+    (the kernel the model uses for many rows), within budget_s. The size doubles from 256 while
+    one call takes under an eighth of the budget: where a dtype runs slowly the limit is read
+    on a smaller product (reported as `size`) instead of grinding on a 2048^2 one."""
+    end = clock() + budget_s
+    for n in MATMUL_SIZES:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        start = clock()
+        a @ b  # also the warm-up at the size kept
+        if (clock() - start) * 8 > budget_s:
+            break
     kernels = [lambda: a @ b]
     packed = onednn_pack(b.t())  # a @ b == a @ (b^T)^T: b^T is the (out, in) weight
     if packed is not None:
         kernels.append(lambda: onednn_linear(a, packed))
-    return max(2 * MATMUL_N ** 3 / _times(k, repeats)[0] for k in kernels)
+    share = max(end - clock(), 0.0) / len(kernels)
+    runs = [time_boxed(k, share, clock) for k in kernels]
+    return Limit(max(2 * n ** 3 / min(t) for t in runs), sum(map(len, runs)), n)
 
 
-def _times(fn, repeats: int) -> list[float]:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)
+@dataclass
+class RowPlan:
+    """How one dtype is measured: every batch asked for, or briefly where it is emulated."""
+    batches: list[int]
+    steps: int
+    rounds: int
+    prompt_len: int = PROMPT_LEN
+    emulated: str | None = None  # why the CPU does not run this dtype natively
 
 
-def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
+def plan(dtype: str, batches: list[int], steps: int, rounds: int) -> RowPlan:
+    reason = cpu_features.bf16_missing() if dtype == "bfloat16" else None
+    if reason is None:
+        return RowPlan(batches, steps, rounds)
+    return RowPlan([min(batches)], min(steps, 4), 1, EMULATED_PROMPT_LEN, reason)
+
+
+def engine_decode(core: EngineCore, batch: int, steps: int, tag: str,
+                  prompt_len: int = PROMPT_LEN) -> float:
     """Decode tok/s through EngineCore.step() once every sequence is past its prompt, from the
     median step time, as the model row is timed: on a shared machine a few steps take a
     neighbour's hit, and a mean would charge those to the engine."""
@@ -69,7 +128,7 @@ def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
     vocab = core.config.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=steps + WARMUP_STEPS + 1, ignore_eos=True)
     for i in range(batch):
-        prompt = rng.integers(100, vocab, PROMPT_LEN, dtype=np.int32)
+        prompt = rng.integers(100, vocab, prompt_len, dtype=np.int32)
         core.add_request(EngineCoreRequest(f"{tag}-{i}", prompt, params))
     while any(r.num_output_tokens < WARMUP_STEPS for r in core.scheduler.requests.values()):
         core.step()  # prefill, then a few untimed decode steps
@@ -79,26 +138,35 @@ def engine_decode(core: EngineCore, batch: int, steps: int, tag: str) -> float:
     return batch / step_time
 
 
-def model_decode(core: EngineCore, batch: int, steps: int) -> float:
-    """The model alone: forward + logits for `batch` decode tokens over PROMPT_LEN of context."""
+def model_decode(core: EngineCore, batch: int, steps: int, prompt_len: int = PROMPT_LEN) -> float:
+    """The model alone: forward + logits for `batch` decode tokens over prompt_len of context."""
     runner = core.model_executor.driver_worker.model_runner
     model, bs = runner.model, core.config.block_size
-    blocks = -(-(PROMPT_LEN + 1) // bs)
+    blocks = -(-(prompt_len + 1) // bs)
     tables = torch.arange(batch * blocks).view(batch, blocks)
-    slots = tables[:, PROMPT_LEN // bs] * bs + PROMPT_LEN % bs
+    slots = tables[:, prompt_len // bs] * bs + prompt_len % bs
     meta = AttentionMetadata(slot_mapping=slots, num_decodes=batch, decode_block_tables=tables,
-                             decode_seq_lens=torch.full((batch,), PROMPT_LEN + 1))
-    ids, pos = torch.full((batch,), 1000), torch.full((batch,), PROMPT_LEN)
+                             decode_seq_lens=torch.full((batch,), prompt_len + 1))
+    ids, pos = torch.full((batch,), 1000), torch.full((batch,), prompt_len)
 
     def step() -> None:
         with torch.inference_mode():
             model.compute_logits(model.forward(ids, pos, runner.kv_caches, meta)).argmax(-1)
-    step()  # warm-up, as _times does for the limits
+    step()  # warm-up
     return batch / median_time(step, steps)
 
 
-def measure_row(core: EngineCore, dtype: str, batch: int, steps: int, repeats: int,
-                rounds: int) -> dict:
+def estimate_row(core: EngineCore, batch: int, rp: RowPlan, budget_s: float,
+                 matmul_flops: float) -> float:
+    """Seconds a row will take: its decode steps at the speed of one timed model step, its
+    prefill at the matmul limit, and the limits' budgets, for every round."""
+    step_s = batch / model_decode(core, batch, 1, rp.prompt_len)
+    prefill_s = batch * rp.prompt_len * 2 * core.config.model_config.num_params / matmul_flops
+    per_round = 2 * budget_s + prefill_s + (2 * rp.steps + WARMUP_STEPS + 2) * step_s
+    return rp.rounds * per_round
+
+
+def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s: float) -> dict:
     """Engine and model tok/s for one batch, each round next to a fresh reading of both limits.
 
     The machine's speed drifts (neighbours, memory phases), so each ratio is taken within a
@@ -109,16 +177,47 @@ def measure_row(core: EngineCore, dtype: str, batch: int, steps: int, repeats: i
     weight_bytes = cfg.model_config.num_params * torch.empty(0, dtype=torch_dtype).element_size()
     flops_per_token = 2 * cfg.model_config.num_params
     samples = []
-    for r in range(rounds):
-        bandwidth, flops = measure_bandwidth(repeats), measure_matmul(torch_dtype, repeats)
-        engine = engine_decode(core, batch, steps, f"{dtype}-{batch}-{r}")
-        samples.append({"engine_tok_s": engine, "model_tok_s": model_decode(core, batch, steps),
-                        "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": flops / 1e9,
+    for r in range(rp.rounds):
+        bandwidth = measure_bandwidth(budget_s).value
+        matmul = measure_matmul(torch_dtype, budget_s)
+        engine = engine_decode(core, batch, rp.steps, f"{dtype}-{batch}-{r}", rp.prompt_len)
+        samples.append({"engine_tok_s": engine,
+                        "model_tok_s": model_decode(core, batch, rp.steps, rp.prompt_len),
+                        "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": matmul.value / 1e9,
+                        "matmul_n": matmul.size,
                         "vs_bandwidth_limit": engine * weight_bytes / bandwidth,
-                        "vs_matmul_limit": engine * flops_per_token / flops})
-    row = {"dtype": dtype, "batch": batch, "rounds": rounds}
+                        "vs_matmul_limit": engine * flops_per_token / matmul.value})
+    row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
+           "emulated": rp.emulated is not None}
     row.update({k: statistics.median(s[k] for s in samples) for k in samples[0]})
     return row
+
+
+def compare_ops(core: EngineCore, steps: int, rounds: int) -> dict[str, float]:
+    """Batch-1 decode (the model alone) with the ops chosen for this CPU, all in C and all in
+    torch, interleaved in every round; each ratio is the median of the rounds' ratios."""
+    chosen = custom_ops.choices()
+    modes = {"chosen": dict(chosen), "c": "c", "torch": "torch"}
+    tok_s: dict[str, list[float]] = {mode: [] for mode in modes}
+    try:
+        for _ in range(rounds):
+            for mode, choice in modes.items():
+                custom_ops.set_choices(choice)
+                tok_s[mode].append(model_decode(core, 1, steps))
+    finally:
+        custom_ops.set_choices(chosen)
+    out = {f"b1_tok_s_{mode}_ops": statistics.median(v) for mode, v in tok_s.items()}
+    for mode in ("chosen", "c"):
+        out[f"b1_{mode}_ops_vs_torch_ops"] = statistics.median(
+            a / b for a, b in zip(tok_s[mode], tok_s["torch"]))
+    return out
+
+
+def describe_cpu() -> dict:
+    """The flags the figures depend on, what the kernels use, and which ops run in C."""
+    built = csrc_build.load() is not None
+    return {"cpu_flags": cpu_features.cpu_flags(), "isa": cpu_features.isa(),
+            "c_ops": custom_ops.choices() if built else "not built"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,32 +226,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
-    steps, repeats, rounds = (4, 3, 1) if quick else (24, 5, 3)
+    steps, rounds = (4, 1) if quick else (24, 3)
+    budget_s = LIMIT_BUDGET_S / 4 if quick else LIMIT_BUDGET_S
     batches = [int(b) for b in args.batches.split(",")]
-    dtypes = args.dtypes.split(",")
-    results, ratios = [], {}
-    bar = tqdm(total=len(dtypes) * len(batches), desc="throughput", unit="row")
-    for dtype in dtypes:
-        config = EngineConfig(dtype=dtype, max_num_batched_tokens=max(batches) * PROMPT_LEN)
+    cpu = describe_cpu()
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["cpu_flags"].items())
+    print(f"CPU flags: {flags}; torch kernels {cpu['isa']['torch']}, C ops "
+          f"-march={cpu['isa']['c_ops_march']}; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    plans = {dtype: plan(dtype, batches, steps, rounds) for dtype in args.dtypes.split(",")}
+    results, ratios, ops = [], {}, {}
+    bar = tqdm(total=sum(len(rp.batches) for rp in plans.values()), desc="throughput", unit="row")
+    for dtype, rp in plans.items():
+        if rp.emulated:
+            tqdm.write(f"{dtype} is emulated here ({rp.emulated}): batch {rp.batches[0]} only, "
+                       f"one round, {rp.prompt_len} tokens of context")
+        config = EngineConfig(dtype=dtype, max_num_batched_tokens=max(rp.batches) * rp.prompt_len)
         core = EngineCore(config)
-        for batch in batches:
-            results.append(measure_row(core, dtype, batch, steps, repeats, rounds))
+        flops = measure_matmul(config.torch_dtype, budget_s / 2).value
+        for batch in rp.batches:
+            estimate = estimate_row(core, batch, rp, budget_s, flops)
+            bar.set_postfix_str(f"{dtype} batch {batch}: about {estimate:.0f} s")
+            if estimate > LONG_ROW_S:
+                tqdm.write(f"{dtype} batch {batch} will take about {estimate:.0f} s")
+            start = time.perf_counter()
+            results.append(measure_row(core, dtype, batch, rp, budget_s))
+            results[-1]["seconds"] = time.perf_counter() - start
             bar.update(1)
+        if dtype == "float32" and cpu["c_ops"] != "not built":
+            bar.set_postfix_str("C ops against torch, batch 1")
+            ops = compare_ops(core, steps // 2, 2 if quick else OPS_ROUNDS)
         core.shutdown()
         del core
     bar.close()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     print_table(results, ["dtype", "batch", "engine_tok_s", "model_tok_s", "bandwidth_GB_s",
-                          "matmul_GFLOP_s", "vs_bandwidth_limit", "vs_matmul_limit", "rounds"])
+                          "matmul_GFLOP_s", "matmul_n", "vs_bandwidth_limit", "vs_matmul_limit",
+                          "rounds", "seconds"])
     print("each ratio is the median over rounds of (tok/s / a limit measured just before it)")
     print(f"peak RSS {peak_rss:.0f} MiB; weights read per token: "
           f"{config.model_config.num_params / 1e6:.1f} M parameters")
+    if ops:
+        print_ops(ops)
     for row in results:
         if row["dtype"] == "float32" and row["batch"] == 1:
             ratios["b1_vs_bandwidth_limit"] = round(row["vs_bandwidth_limit"], 3)
         if row["dtype"] == "float32" and row["batch"] == 32:
             ratios["b32_vs_matmul_limit"] = round(row["vs_matmul_limit"], 3)
+    ratios.update({k: round(v, 3) for k, v in ops.items() if k.endswith("_vs_torch_ops")})
     ratios["peak_rss_mib"] = round(peak_rss)
     print("ratios:", ratios)
-    write_json(args.json, "throughput", results, ratios)
+    write_json(args.json, "throughput", results, ratios, machine=cpu)
     return 0
+
+
+def print_ops(ops: dict[str, float]) -> None:
+    print("\nC ops on this CPU (timed against torch at load, cached with the build):")
+    print_table(op_selection.table(op_selection.load_or_measure()),
+                ["op", "rows", "runs", "c_us", "torch_us", "c_speedup"])
+    print(f"batch-1 decode, model alone, interleaved: chosen ops {ops['b1_tok_s_chosen_ops']:.1f}"
+          f" tok/s, all C {ops['b1_tok_s_c_ops']:.1f}, all torch {ops['b1_tok_s_torch_ops']:.1f};"
+          f" chosen/torch {ops['b1_chosen_ops_vs_torch_ops']:.3f}, C/torch "
+          f"{ops['b1_c_ops_vs_torch_ops']:.3f} (medians of per-round ratios)")
