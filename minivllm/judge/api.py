@@ -1,12 +1,13 @@
 """What an exercise's tests.py uses: the @test decorator and the Fail exception.
 
 A test is a function taking the learner's module. It raises Fail with what was expected,
-what happened and on which input; anything else it raises is reported as an error in the
+what happened and on which input (or returns a short note on what it checked); anything else it raises is reported as an error in the
 learner's code. Tests run in the order they are defined, each in its own child process.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -43,6 +44,12 @@ class Fail(AssertionError):
         self.message, self.input, self.detail = message, input, detail
         self.expected = None if expected is _MISSING else _show(expected)
         self.got = None if got is _MISSING else _show(got)
+
+
+def scaled(seconds: float) -> float:
+    """A wait that only detects a lost message, stretched as the judge stretches time limits on
+    a busy machine (runner.time_scale), so that slowness is never taken for a loss."""
+    return seconds * float(os.environ.get("MINIVLLM_JUDGE_TIME_SCALE") or 1)
 
 
 def check_equal(got: Any, expected: Any, what: str, input: str | None = None) -> None:

@@ -52,7 +52,7 @@ def format_grade(g: Grade) -> str:
     out = [f"Exercise {ex.number}: {ex.title} (chapter {ex.chapter})", f"grading {g.path}", ""]
     for r in g.results:
         secs = f"{r['seconds']:.1f} s" if "seconds" in r else ""
-        note = r["message"] if r["status"] == "skip" else ""
+        note = r["message"] if r["status"] == "skip" else r.get("note", "")
         out.append(f"  {_color(MARKS[r['status']], r['status'])}  {r['name']:<{width}}  {secs} {note}")
     out.append("")
     failures = g.failures

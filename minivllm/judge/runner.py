@@ -161,8 +161,9 @@ def _limit_memory() -> None:
 
 def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
                token: str) -> tuple[dict, _Tail]:
+    scale = time_scale()
     env = dict(os.environ, **{RUN_MARKER: token, PREFIX_ENV: prefix, "TMPDIR": str(work / "tmp"),
-                              MEMORY_ENV: str(MEMORY_MIB),
+                              MEMORY_ENV: str(MEMORY_MIB), TIME_SCALE_ENV: f"{scale:.2f}",
                               "PYTHONPATH": os.pathsep.join([str(work), str(ROOT)])})
     verdict_r, verdict_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -178,7 +179,7 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     verdict, out = _Tail(verdict_r, 0, lines=2), _Tail(out_r, OUTPUT_TAIL_BYTES)
     proc.stdin.write(f"{verdict_w}\n".encode())  # the fd number: never in argv or the environment
     proc.stdin.close()
-    limit = spec.timeout * time_scale()
+    limit = spec.timeout * scale
     hung = _wait(proc, verdict, limit)
     verdict.join(1.0)
     if hung:

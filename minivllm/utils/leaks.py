@@ -179,14 +179,16 @@ class Snapshot:
         found = Leaks(processes=[describe_process(p) for p in procs])
         kill_processes(procs)
         reap_zombies(p.pid for p in new)
-        ours = lambda path: has_prefix_anywhere(path, self.prefix) or path in held  # noqa: E731
-        found.segments = sorted(s for s in segments if ours(f"{SHM_DIR}/{s}"))
-        found.sockets = sorted(private | {s for s in sockets if ours(s)})
+        found.segments = sorted(s for s in segments if self._ours(f"{SHM_DIR}/{s}", held))
+        found.sockets = sorted(private | {s for s in sockets if self._ours(s, held)})
         found.others = sorted({f"{SHM_DIR}/{s}" for s in segments if s not in found.segments}
                               | (sockets - set(found.sockets)))
         remove_paths(os.path.join(SHM_DIR, s) for s in found.segments)
         remove_paths(found.sockets)
         return found
+
+    def _ours(self, path: str, held: set[str]) -> bool:
+        return has_prefix_anywhere(path, self.prefix) or path in held
 
     def _new_children(self) -> list[psutil.Process]:
         return [p for p in child_processes() if p.pid not in self.children]

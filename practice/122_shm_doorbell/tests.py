@@ -16,10 +16,10 @@ import random
 import re
 import termios
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
 QUIET_S = 0.2  # how long the tests wait where nothing is supposed to arrive
-PROCESS_WAIT_S = 3.0  # a message or an EOF not seen in this long is lost, not slow
+PROCESS_WAIT_S = scaled(3.0)  # a message or an EOF not seen in this long is lost, not slow
 
 
 def waiting(fd: int) -> int:

@@ -15,12 +15,12 @@ import time
 
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
-WAIT_S = 1.5  # a message between threads on one host not delivered in this long was dropped
-START_S = 10.0  # a fresh Python process importing zmq is ready well within this
-STOP_S = 5.0  # an engine told to stop (or idle for 0.5 s) exits well within this
+WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
+START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well within this
+STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
 ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
 
 

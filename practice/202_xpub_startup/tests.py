@@ -14,12 +14,12 @@ import sys
 
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
 LATE_S = 0.5  # the judge's subscribers connect this long after they start: the slow joiner
-JOIN_S = 8.0  # subscriber processes starting (and LATE_S) take far less than this
-QUIET_S = 2.0  # a subscriber that hears nothing for this long gives up
+JOIN_S = scaled(8.0)  # subscriber processes starting (and LATE_S) take far less than this
+QUIET_S = scaled(2.0)  # a subscriber that hears nothing for this long gives up
 YOUR_JOIN_S = 5.0  # the learner's subscribers start at once: plenty, and a cheap failure
 IN_PROCESS_JOIN_S = 2.0  # SUB sockets in the judge's own process subscribe within milliseconds
 

@@ -6,9 +6,9 @@ import array
 import multiprocessing as mp
 import random
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
-RING_WAIT_S = 10.0  # a chunk not written or read in this long means a protocol bug
+RING_WAIT_S = scaled(10.0)  # a chunk not written or read in this long means a protocol bug
 
 
 def _packed(frames) -> bytes:

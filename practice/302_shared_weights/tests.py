@@ -8,9 +8,9 @@ import os
 
 import torch
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
-ENGINE_WAIT_S = 15.0  # a spawned engine imports torch first; longer than this is a lost frame
+ENGINE_WAIT_S = scaled(15.0)  # a spawned engine imports torch first; longer than this is a lost frame
 SLOW_COPY_S = 0.5  # the slow engine's pause between mapping and copying
 
 
