@@ -37,9 +37,11 @@ def test_bench_writes_json_with_rows_and_ratios(tmp_path):
     assert record["bench"] == "serial" and record["machine"]["pyzmq"]
     cases = {r["case"] for r in record["results"]}
     assert {"batch/pickle_dicts", "batch/msgpack_dicts", "batch/struct_lists",
-            "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle", "tensor/socketpair",
-            "tensor/zmq_oob_into"} <= cases
-    for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_memcpy", "socket_ceiling_vs_memcpy"):
+            "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle",
+            "tensor/socketpair", "tensor/zmq_oob_into", "tensor/zmq_oob_fresh",
+            "tensor/shm_arena"} <= cases
+    for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_socket_ceiling",
+                "shm_tensor_vs_memcpy", "oob_fresh_vs_socket_ceiling", "socket_ceiling_vs_memcpy"):
         assert record["ratios"][key] > 0
     assert "msgpack_speedup_vs_pickle" in run.stdout
 

@@ -1,25 +1,34 @@
-"""`minivllm bench ring`: MessageQueue (shared-memory ring) vs ZMQ PUB/SUB over ipc.
+"""`minivllm bench ring`: MessageQueue (shared-memory ring) vs ZMQ PUB/SUB over ipc, with a
+bare byte ring as the limit.
 
-One writer broadcasts to N reader processes (2 by default), both transports in the same run:
+One writer broadcasts to N reader processes (2 by default), all three transports in one run:
   - 1 KiB messages as fast as possible: messages/s and the CPU seconds of all processes;
   - 1 KiB messages paced (one every PACE_S): one-way latency p50 and p99;
   - a size sweep, into sizes that overflow the ring's chunks onto its ZMQ socket.
 Each headline figure is the median of --repeats runs; the ratios compare medians of one run.
-Fair by construction: both transports carry the same object ([send time, payload bytes])
-through the same MsgpackEncoder/MsgpackDecoder, the same message counts, after one unreported
-warm-up run each, alternating run by run; CPU seconds are every process's (threads included)
-from the first send until the last reader is done.
+Fair by construction: MessageQueue and PUB/SUB carry the same object ([send time, payload
+bytes]) through the same MsgpackEncoder/MsgpackDecoder; the bare ring ("raw", ring_workers.py)
+carries the same bytes in the same ShmRingBuffer with no serialization and readers that only
+spin: what MessageQueue could reach at best. Same message counts, one unreported warm-up run
+each, alternating run by run; CPU seconds are every process's (threads included) from the first
+send until the last reader is done.
+
+Ratios:
+    mq_vs_raw_ring_msgs_per_s   MessageQueue msgs/s / bare ring msgs/s    (goal >= 0.9)
+    mq_vs_pubsub_msgs_per_s     MessageQueue msgs/s / PUB/SUB msgs/s
+    mq_vs_pubsub_p50_latency    PUB/SUB p50 / MessageQueue p50, paced    (goal >= 4)
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 
 from tqdm import tqdm
 
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
-from minivllm.bench.ring_workers import Phase, reader_main, run_phase
+from minivllm.bench.ring_workers import RAW_HEADER, Phase, reader_main, run_phase
 
 MESSAGE_BYTES = 1024
 # Chunks of 64 KiB: a 1 KiB message fits, the last sizes of the sweep overflow. 256 of them
@@ -29,6 +38,7 @@ MAX_CHUNKS = 256
 PACE_S = 0.0005  # one message per 0.5 ms: slow enough that no queue builds up
 SWEEP_SIZES = [64, 1024, 16 * 1024, 60 * 1024, 256 * 1024, 1024 * 1024]
 SWEEP_BYTES = 256 << 20  # each sweep point moves about this much, capped by the message count
+TRANSPORTS = ("mq", "raw", "pubsub")
 
 
 class ReaderPool:
@@ -69,16 +79,17 @@ def plan(quick: bool, repeats: int) -> tuple[list[Phase], list[Phase], list[Phas
     """(warm-up, headline, sweep). The warm-up runs each transport once, unreported: imports,
     first page faults and socket buffers are paid before either one is measured."""
     n_fast, n_paced = (5_000, 300) if quick else (100_000, 2_000)
-    warmup = [Phase(t, MESSAGE_BYTES, n_fast // 5) for t in ("mq", "pubsub")]
+    warmup = [Phase(t, MESSAGE_BYTES, n_fast // 5) for t in TRANSPORTS]
     headline = []
     for _ in range(repeats):
-        for transport in ("mq", "pubsub"):
+        for transport in TRANSPORTS:
             headline.append(Phase(transport, MESSAGE_BYTES, n_fast))
             headline.append(Phase(transport, MESSAGE_BYTES, n_paced, pace_s=PACE_S))
     sweep_cap = 2_000 if quick else 50_000
     sweep_bytes = SWEEP_BYTES // (16 if quick else 1)
     sweep = [Phase(t, s, max(50, min(sweep_cap, sweep_bytes // s)))
-             for s in SWEEP_SIZES for t in ("mq", "pubsub")]
+             for s in SWEEP_SIZES for t in TRANSPORTS
+             if t != "raw" or s + RAW_HEADER.size <= MAX_CHUNK_BYTES]  # the bare ring cannot overflow
     return warmup, headline, sweep
 
 
@@ -89,6 +100,10 @@ def median_row(rows: list[dict], transport: str, paced: bool) -> dict:
     for key in ("msgs_per_s", "p50_us", "p99_us", "cpu_s", "wall_s"):
         out[key] = statistics.median(r[key] for r in mine)
     return out
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             row.update(paced=phase.pace_s > 0, part="headline" if phase in headline else "sweep")
             raw.append(row)
     head = [r for r in raw if r["part"] == "headline"]
-    table = [median_row(head, t, paced) for paced in (False, True) for t in ("mq", "pubsub")]
+    table = [median_row(head, t, paced) for paced in (False, True) for t in TRANSPORTS]
     print(f"\n{args.readers} readers, {MESSAGE_BYTES} B messages, median of {repeats} run(s) "
-          f"(paced: one message per {PACE_S * 1e3:g} ms)")
+          f"(paced: one message per {PACE_S * 1e3:g} ms); load average {load_average()}")
     print_table(table, ["transport", "paced", "msgs_per_s", "p50_us", "p99_us", "cpu_s", "runs"])
     sweep_rows = [r for r in raw if r["part"] == "sweep"]
     print(f"\nsize sweep (chunks of {MAX_CHUNK_BYTES // 1024} KiB: bigger messages overflow to ZMQ)")
@@ -118,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = {r["transport"]: r for r in table if not r["paced"]}
     paced = {r["transport"]: r for r in table if r["paced"]}
     ratios = {
+        "mq_vs_raw_ring_msgs_per_s": fast["mq"]["msgs_per_s"] / fast["raw"]["msgs_per_s"],
         "mq_vs_pubsub_msgs_per_s": fast["mq"]["msgs_per_s"] / fast["pubsub"]["msgs_per_s"],
         "mq_vs_pubsub_p50_latency": paced["pubsub"]["p50_us"] / paced["mq"]["p50_us"],
     }

@@ -1,16 +1,21 @@
-"""The processes of `minivllm bench ring`: a broadcast phase on either transport.
+"""The processes of `minivllm bench ring`: a broadcast phase on any of three transports.
 
 Reader processes live for the whole benchmark. For every phase the writer makes a fresh
-channel (a MessageQueue, or a ZMQ XPUB socket over ipc), sends its address over the control
-pipe, and each reader attaches, receives `n` messages and reports back:
+channel (a MessageQueue; a bare ShmRingBuffer, the limit; or a ZMQ XPUB socket over ipc),
+sends its address over the control pipe, and each reader attaches, receives `n` messages
+and reports back:
     (perf_counter_ns at the last message, one-way latencies in ns, CPU seconds used).
 A message is [send time in perf_counter_ns, payload bytes]; perf_counter is CLOCK_MONOTONIC,
 which every process on the machine shares, so receive time minus send time is a latency.
+The bare ring ("raw") carries the same two things with no serialization, as
+    | u32 payload length | u64 send time | payload |
+and its readers only spin (sched_yield), never block: what any ring could do.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import time
 from dataclasses import dataclass
 
@@ -18,16 +23,18 @@ import numpy as np
 import zmq
 
 from minivllm.distributed.shm_broadcast import MessageQueue
+from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import ipc_address
 
 READY_TIMEOUT_S = 60.0  # readers attach within this, or the benchmark stops with an error
 RECV_TIMEOUT_S = 60.0
+RAW_HEADER = struct.Struct("<IQ")  # the bare ring's chunk: payload length, send time
 
 
 @dataclass
 class Phase:
-    transport: str  # "mq" or "pubsub"
+    transport: str  # "mq", "raw" or "pubsub"
     size: int  # payload bytes
     n: int  # messages
     pace_s: float = 0.0  # 0: as fast as possible; > 0: one message per pace_s (latency)
@@ -51,21 +58,67 @@ def wait_subscriptions(sock: zmq.Socket, n: int) -> None:
         sock.recv()
 
 
+def _raw_fill(buf, start: int, size: int, msg) -> bool:
+    sent, payload = msg
+    RAW_HEADER.pack_into(buf, start, len(payload), sent)
+    begin = start + RAW_HEADER.size
+    buf[begin:begin + len(payload)] = payload
+    return True
+
+
+def _raw_copy_out(buf, start: int):
+    n, sent = RAW_HEADER.unpack_from(buf, start)
+    begin = start + RAW_HEADER.size
+    return sent, bytes(buf[begin:begin + n])  # a copy, as MessageQueue makes
+
+
+def _spin(step, what: str):
+    """step() until it returns something; sched_yield between tries."""
+    deadline = time.monotonic() + RECV_TIMEOUT_S
+    while (got := step()) is NOT_READY:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} for {RECV_TIMEOUT_S} s")
+        os.sched_yield()
+    return got
+
+
+class RawRing:
+    """A bare ShmRingBuffer with its own index: the writer's and each reader's side."""
+
+    def __init__(self, ring: ShmRingBuffer, rank: int = -1):
+        self.ring, self.rank, self.idx = ring, rank, 0
+
+    def send(self, msg) -> None:
+        ring, idx = self.ring, self.idx
+        _spin(lambda: ring.write(idx, _raw_fill, msg), "writer waited on a full ring")
+        self.idx = (idx + 1) % ring.max_chunks
+
+    def recv(self):
+        ring, idx, rank = self.ring, self.idx, self.rank
+        got = _spin(lambda: ring.read(idx, rank, _raw_copy_out), "reader waited on an empty ring")
+        self.idx = (idx + 1) % ring.max_chunks
+        return got
+
+
 def reader_main(rank: int, conn) -> None:
     """Run phases until the writer sends None."""
     while (msg := conn.recv()) is not None:
         phase, address = msg
-        conn.send(_run_phase(phase, address, rank))
+        conn.send(_run_phase(phase, address, rank, conn))
     conn.close()
 
 
-def _run_phase(phase: Phase, address, rank: int):
+def _run_phase(phase: Phase, address, rank: int, conn):
     decoder = MsgpackDecoder()
     if phase.transport == "mq":
         mq = MessageQueue.create_from_handle(address, rank, decoder=decoder)
         mq.wait_until_ready(READY_TIMEOUT_S)
         recv = lambda: mq.dequeue(timeout=RECV_TIMEOUT_S)  # noqa: E731
         close = mq.close
+    elif phase.transport == "raw":
+        raw = RawRing(ShmRingBuffer(*address), rank)
+        conn.send("attached")  # the writer starts when every reader has
+        recv, close = raw.recv, raw.ring.close
     else:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.SUB)
@@ -126,6 +179,17 @@ def run_phase(phase: Phase, conns, max_chunk_bytes: int, max_chunks: int) -> dic
         reports = [conn.recv() for conn in conns]
         wcpu = time.process_time() - cpu0
         mq.close()
+    elif phase.transport == "raw":
+        raw = RawRing(ShmRingBuffer(n_reader, max_chunk_bytes, max_chunks))
+        for conn in conns:
+            conn.send((phase, raw.ring.handle()))
+        for conn in conns:
+            if not conn.poll(READY_TIMEOUT_S) or conn.recv() != "attached":
+                raise TimeoutError(f"a reader did not attach to the bare ring in {READY_TIMEOUT_S} s")
+        start, cpu0 = write_phase(phase, raw.send, n_reader)
+        reports = [conn.recv() for conn in conns]
+        wcpu = time.process_time() - cpu0
+        raw.ring.close()
     else:
         ctx, sock, path = pubsub_writer(n_reader)
         encoder = MsgpackEncoder()

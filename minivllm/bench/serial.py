@@ -2,20 +2,25 @@
 
 1. The seed step batch (256 requests, 8,432 token ids, 2,048 block ids) encoded and decoded as
    pickle of dicts, msgpack of dicts, array_like Structs of lists, and minivllm's flat arrays.
-2. A 64 MiB tensor delivered to another process over ZMQ PUSH/PULL ipc://: out of band
-   (minivllm.serial) vs pickled, against memcpy of the same bytes in one process (prefaulted
-   destination, medians), a raw AF_UNIX stream (the ceiling of any socket), and out of band
-   as 1 MiB frames received into a reused buffer (no page faults).
+2. A 64 MiB tensor delivered to another process: over ZMQ PUSH/PULL ipc:// out of band
+   (minivllm.serial; with and without reuse_large_receive_buffers, and as 1 MiB frames into a
+   reused buffer), pickled, and through a ShmTensorArena (written once into shared memory, a
+   handle on the wire); against memcpy of the same bytes in one process (prefaulted
+   destination) and a raw AF_UNIX stream into a reused buffer (the ceiling of any socket).
+   serial_transfer.py describes each row. Medians.
 
 Ratios (higher is better):
-    msgpack_speedup_vs_pickle  pickle_dicts time / flat_arrays time   (goal >= 10)
-    oob_tensor_vs_memcpy       memcpy time / out-of-band delivery time (goal >= 0.5)
-    socket_ceiling_vs_memcpy   memcpy time / raw AF_UNIX delivery time: what any socket can reach
-    oob_into_vs_memcpy         memcpy time / 1 MiB frames received into a reused buffer
+    msgpack_speedup_vs_pickle     pickle_dicts time / flat_arrays time          (goal >= 10)
+    oob_tensor_vs_socket_ceiling  raw AF_UNIX time / out-of-band time           (goal >= 0.7)
+    shm_tensor_vs_memcpy          memcpy time / shared-memory arena time        (goal >= 0.5)
+    oob_fresh_vs_socket_ceiling   raw AF_UNIX time / out of band, glibc's defaults
+    oob_tensor_vs_memcpy          memcpy time / out-of-band time
+    socket_ceiling_vs_memcpy      memcpy time / raw AF_UNIX time: what any socket can reach
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -28,7 +33,8 @@ from minivllm.bench.common import bench_parser, print_table, quick_mode, write_j
 TENSOR_MIB = 64
 QUICK_TENSOR_MIB = 16  # quick mode: a smaller tensor, same comparison
 BATCH_REPEATS, QUICK_BATCH_REPEATS = 200, 30
-TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 9, 3
+TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 3, 3  # deliveries per round
+TRANSFER_ROUNDS, QUICK_TRANSFER_ROUNDS = 3, 1  # every case once per round, in turn
 MIB = 1024**2
 
 
@@ -55,41 +61,49 @@ def measure_batch(repeats: int) -> list[dict]:
     return rows
 
 
-def measure_tensor(mib: int, repeats: int) -> list[dict]:
-    """One row per way of moving the tensor: median seconds and GB/s."""
+def measure_tensor(mib: int, repeats: int, rounds: int) -> list[dict]:
+    """One row per way of moving the tensor: median seconds and GB/s over rounds x repeats
+    deliveries. The cases take turns round by round, so that a burst of load from another
+    program hits every case, not all the runs of one."""
     import torch
 
     tensor = torch.ones(mib * MIB // 4, dtype=torch.float32)
     nbytes = mib * MIB
-    rows = []
     cases = [("memcpy", lambda: st.memcpy_times(nbytes, repeats)),
-             ("socketpair", lambda: st.socketpair_times(nbytes, repeats)),
-             ("zmq_oob", lambda: st.transfer_times(tensor, "oob", repeats)),
-             ("zmq_oob_into", lambda: st.transfer_times(tensor, "oob_into", repeats)),
-             ("zmq_pickle", lambda: st.transfer_times(tensor, "pickle", repeats))]
-    for name, run in tqdm(cases, desc=f"{mib} MiB tensor", leave=False):
-        sec = statistics.median(run())
+             ("socketpair", lambda: st.socketpair_times(nbytes, repeats))]
+    cases += [(f"zmq_{m}" if m != "shm" else "shm_arena",
+               lambda m=m: st.transfer_times(tensor, m, repeats)) for m in st.MODES]
+    times: dict[str, list[float]] = {name: [] for name, _ in cases}
+    with tqdm(total=rounds * len(cases), desc=f"{mib} MiB tensor", leave=False) as bar:
+        for _ in range(rounds):
+            for name, run in cases:
+                times[name] += run()
+                bar.update()
+    rows = []
+    for name, got in times.items():
+        sec = statistics.median(got)
         rows.append({"case": f"tensor/{name}", "bytes": nbytes, "seconds": sec,
-                     "gb_per_s": nbytes / sec / 1e9, "runs": repeats})
+                     "gb_per_s": nbytes / sec / 1e9, "runs": len(got)})
     return rows
 
 
 def ratios_of(rows: list[dict]) -> dict[str, float]:
     by = {r["case"]: r for r in rows}
+
+    def sec(case: str) -> float:
+        return by[f"tensor/{case}"]["seconds"]
     return {
         "msgpack_speedup_vs_pickle":
             by["batch/pickle_dicts"]["total_us"] / by["batch/flat_arrays"]["total_us"],
         "msgpack_dicts_speedup_vs_pickle":
             by["batch/pickle_dicts"]["total_us"] / by["batch/msgpack_dicts"]["total_us"],
-        "oob_tensor_vs_memcpy": by["tensor/memcpy"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
-        "oob_speedup_vs_pickle":
-            by["tensor/zmq_pickle"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
-        "socket_ceiling_vs_memcpy":
-            by["tensor/memcpy"]["seconds"] / by["tensor/socketpair"]["seconds"],
-        "oob_tensor_vs_socket_ceiling":
-            by["tensor/socketpair"]["seconds"] / by["tensor/zmq_oob"]["seconds"],
-        "oob_into_vs_memcpy":
-            by["tensor/memcpy"]["seconds"] / by["tensor/zmq_oob_into"]["seconds"],
+        "oob_tensor_vs_socket_ceiling": sec("socketpair") / sec("zmq_oob"),
+        "shm_tensor_vs_memcpy": sec("memcpy") / sec("shm_arena"),
+        "oob_fresh_vs_socket_ceiling": sec("socketpair") / sec("zmq_oob_fresh"),
+        "oob_into_vs_socket_ceiling": sec("socketpair") / sec("zmq_oob_into"),
+        "oob_tensor_vs_memcpy": sec("memcpy") / sec("zmq_oob"),
+        "oob_speedup_vs_pickle": sec("zmq_pickle") / sec("zmq_oob"),
+        "socket_ceiling_vs_memcpy": sec("memcpy") / sec("socketpair"),
     }
 
 
@@ -100,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     print("the seed step batch, encode + decode (medians):")
     print_table(rows, ["case", "bytes", "encode_us", "decode_us", "total_us", "runs"])
     mib = QUICK_TENSOR_MIB if quick else TENSOR_MIB
-    tensor_rows = measure_tensor(mib, QUICK_TRANSFER_REPEATS if quick else TRANSFER_REPEATS)
-    print(f"\na {mib} MiB float32 tensor to another process over ZMQ ipc:// (medians):")
+    tensor_rows = measure_tensor(mib, QUICK_TRANSFER_REPEATS if quick else TRANSFER_REPEATS,
+                                 QUICK_TRANSFER_ROUNDS if quick else TRANSFER_ROUNDS)
+    print(f"\na {mib} MiB float32 tensor to another process (medians):")
     print_table(tensor_rows, ["case", "bytes", "seconds", "gb_per_s", "runs"])
     rows += tensor_rows
     ratios = ratios_of(rows)
-    print("\nratios (measured side by side in this run):")
+    print("\nratios (measured side by side in this run; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}):")
     for key, value in ratios.items():
         print(f"  {key:34s} {value:6.2f}")
     write_json(args.json, "serial", rows, ratios)

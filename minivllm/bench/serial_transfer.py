@@ -1,14 +1,21 @@
-"""A large tensor through ZMQ PUSH/PULL into another process: out of band vs pickled.
+"""A large tensor into another process: ZMQ PUSH/PULL out of band or pickled, a shared-memory
+arena, and a raw socket.
 
-The receiver (a spawned process) PULLs each message, decodes it, touches every page of the
-result (sums one byte per 4 KiB page, so a lazy view cannot cheat), and acknowledges on a
-second PUSH/PULL pair. The sender times encode + send + ack: one whole delivery.
+The receiver (a spawned process) takes each message, decodes it, touches every page of the
+result (sums one byte per 4 KiB page, so a lazy view cannot cheat), drops it and acknowledges
+on a second PUSH/PULL pair. The sender times encode + send + ack: one whole delivery.
 
-Two more rows explain the gap to memcpy. A socket moves the bytes twice (sender into the
-kernel, kernel into the receiver), and libzmq mallocs a fresh buffer for every large message,
-so each delivery also page-faults 64 MiB of new memory. "oob_into" sends the same bytes as
-1 MiB frames that the receiver `recv_into`s a buffer it faulted once, reused every time;
-"socketpair" is a raw AF_UNIX stream into such a buffer: the ceiling of any socket transport.
+    mode        the receiver
+    oob         minivllm's way: out of band, with reuse_large_receive_buffers() (utils/zmq.py)
+    oob_fresh   out of band, glibc's defaults: libzmq's 64 MiB buffer is a fresh mmap on every
+                receive, 16,384 page faults each time
+    oob_into    1 MiB frames recv_into'd a buffer faulted once, reused every time
+    shm         a ShmTensorArena: the sender copies the tensor once into a shared slot and
+                sends its handle; the receiver reads the slot in place (no socket copy)
+    pickle      pickle.dumps / pickle.loads of the tensor, one frame
+
+"socketpair" is a raw AF_UNIX stream into a reused buffer: the ceiling of any socket transport
+(a socket moves the bytes twice, sender into the kernel and kernel into the receiver).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import time
 import numpy as np
 import zmq
 
+from minivllm.distributed.shm_tensor_arena import ShmTensorArena
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.zmq import IpcDir, close_all, make_zmq_socket
+from minivllm.utils.zmq import IpcDir, close_all, make_zmq_socket, reuse_large_receive_buffers
 
 PAGE = 4096
 CHUNK = 1024**2  # oob_into frame size: small enough that glibc reuses one faulted buffer
@@ -34,30 +42,41 @@ def _touch(arr: np.ndarray) -> int:
     return int(arr.reshape(-1).view(np.uint8)[::PAGE].sum())
 
 
-def receiver(data_addr: str, ack_addr: str, mode: str, count: int, nbytes: int) -> None:
-    """Child process: receive `count` tensors of nbytes in `mode` (oob, oob_into, pickle)."""
+MODES = ("oob", "oob_fresh", "oob_into", "shm", "pickle")
+
+
+def receiver(data_addr: str, ack_addr: str, mode: str, count: int, nbytes: int,
+             arena_handle=None) -> None:
+    """Child process: receive `count` tensors of nbytes in `mode` (see MODES)."""
     import torch  # the decoder rebuilds tensors
 
+    if mode == "oob":
+        reuse_large_receive_buffers()  # before libzmq's threads allocate anything
     ctx = zmq.Context()
     pull = make_zmq_socket(ctx, data_addr, zmq.PULL, bind=False, linger=0)
     ack = make_zmq_socket(ctx, ack_addr, zmq.PUSH, bind=False, linger=1000)
-    decoder = MsgpackDecoder()
+    arena = ShmTensorArena.attach(arena_handle) if mode == "shm" else None
+    decoder = MsgpackDecoder(arena=arena)
     buf = np.ones(nbytes, np.uint8) if mode == "oob_into" else None  # every page faulted now
     try:
         ack.send(b"ready")
         for _ in range(count):
             if not pull.poll(ACK_TIMEOUT_MS):
                 return
-            if mode == "oob":
-                tensor = decoder.decode(pull.recv_multipart(copy=False))
-            elif mode == "oob_into":
+            if mode == "oob_into":
                 tensor = torch.from_numpy(_recv_into(pull, decoder, buf))
-            else:
+            elif mode == "pickle":
                 tensor = pickle.loads(pull.recv(copy=False).buffer)
-            ack.send(_touch(tensor.numpy()).to_bytes(8, "little"))
+            else:
+                tensor = decoder.decode(pull.recv_multipart(copy=False))
+            touched = _touch(tensor.numpy())
+            del tensor  # frees the frame, or releases the arena's slot for the next one
+            ack.send(touched.to_bytes(8, "little"))
     finally:
         close_all(pull, ack, linger=1000)
         ctx.term()
+        if arena is not None:
+            arena.close()
 
 
 def _chunked(frames: list) -> list:
@@ -78,26 +97,32 @@ def transfer_times(tensor, mode: str, count: int) -> list[float]:
     """Seconds per delivery of `tensor` to a child process, `count` times."""
     ctx = zmq.Context()
     ipc = IpcDir()
-    push = pull_ack = proc = None
+    push = pull_ack = proc = arena = None
     try:
         push = make_zmq_socket(ctx, ipc.path("data"), zmq.PUSH, bind=True, linger=0)
         pull_ack = make_zmq_socket(ctx, ipc.path("ack"), zmq.PULL, bind=True, linger=0)
+        if mode == "shm":  # two slots: the one in use, and room for the next
+            arena = ShmTensorArena(slot_bytes=tensor.nbytes, max_slots=2)
         child = mp.get_context("spawn").Process(
-            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count, tensor.nbytes), daemon=True)
+            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count, tensor.nbytes,
+                                   arena and arena.handle()), daemon=True)
         child.start()
         proc = child
         if not pull_ack.poll(READY_TIMEOUT_MS):
             raise TimeoutError("the receiver process did not start within 60 s")
         pull_ack.recv()
-        encoder, times = MsgpackEncoder(), []
+        encoder, times = MsgpackEncoder(arena=arena), []
         for _ in range(count):
             start = time.perf_counter()
-            if mode == "oob":
-                push.send_multipart(encoder.encode(tensor), copy=False)
-            elif mode == "oob_into":
+            if mode == "oob_into":
                 push.send_multipart(_chunked(encoder.encode(tensor.numpy())), copy=False)
-            else:
+            elif mode == "pickle":
                 push.send(pickle.dumps(tensor, protocol=pickle.HIGHEST_PROTOCOL), copy=False)
+            else:
+                frames = encoder.encode(tensor)
+                if mode == "shm" and len(frames) != 1:
+                    raise RuntimeError("the arena had no free slot: the receiver holds both")
+                push.send_multipart(frames, copy=False)
             if not pull_ack.poll(ACK_TIMEOUT_MS):
                 raise TimeoutError(f"no ack from the receiver within {ACK_TIMEOUT_MS} ms")
             pull_ack.recv()
@@ -112,6 +137,8 @@ def transfer_times(tensor, mode: str, count: int) -> list[float]:
                 proc.join()
         ctx.term()
         ipc.close()
+        if arena is not None:
+            arena.close()
 
 
 def socket_receiver(path: str, nbytes: int, count: int) -> None:
