@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -77,6 +78,18 @@ def flood():
 
 def hog():
     return bytearray(64 << 30)
+
+def tidy():
+    for _ in range(20):
+        shm = shared_memory.SharedMemory(create=True, size=4096)
+        shm.close()
+        shm.unlink()
+        path = os.path.join(tempfile.mkdtemp(), "s.sock")
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+        os.unlink(path)
+        time.sleep(0.02)
 '''
 
 
@@ -182,3 +195,61 @@ def test_cli_started_with_another_python_runs_with_the_venv():
         assert out.returncode == 0 and "213" in out.stdout, out.stderr
     else:
         assert out.returncode != 0 and "scripts/setup.sh" in out.stderr
+
+
+TIDY_TEST = """
+from minivllm.judge.api import test
+
+@test(input="segments and sockets, made and removed")
+def tidy(impl):
+    impl.tidy()
+"""
+
+OTHER_PROGRAM = """
+import os, secrets, socket, sys, time
+from multiprocessing import resource_tracker, shared_memory
+made = []
+while not os.path.exists(sys.argv[1]):
+    for name in ("minivllm-ring-" + secrets.token_hex(6), None):  # minivllm's look, and psm_
+        shm = shared_memory.SharedMemory(name=name, create=True, size=4096)
+        resource_tracker.unregister(shm._name, "shared_memory")
+        shm.close()
+        made.append("/dev/shm/" + shm.name.lstrip("/"))
+    path = os.path.join(sys.argv[2], "minivllm-other-" + secrets.token_hex(6))
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.close()
+    made.append(path)
+    time.sleep(0.02)
+print(" ".join(made))
+"""
+
+
+def test_another_programs_files_are_never_blamed_or_deleted(tmp_path):
+    """Another program (outside the judge's process tree) makes /dev/shm segments and
+    /tmp/minivllm-* sockets all through a grade: the grade passes and its files all stay."""
+    stop, shared_tmp = tmp_path / "stop", os.path.dirname(tempfile.gettempdir())
+    other = subprocess.Popen([sys.executable, "-c", OTHER_PROGRAM, str(stop), shared_tmp],
+                             stdout=subprocess.PIPE, text=True)
+    (tmp_path / "tests.py").write_text(TIDY_TEST)
+    (tmp_path / "learner.py").write_text(textwrap.dedent(LEARNER))
+    code = ("import sys, json; from pathlib import Path; from minivllm.judge.exercise import Exercise;"
+            "from minivllm.judge.runner import grade; d = Path(sys.argv[1]);"
+            "g = grade(Exercise('999', d, 't', '00', 'learner.py', ()), d / 'learner.py', False);"
+            "print(json.dumps([r for r in g.results if r['name'] == 'tidy']))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                             text=True, timeout=300, cwd=ROOT)
+    finally:
+        stop.touch()
+        made = other.communicate(timeout=60)[0].split()
+    try:
+        (tidy,) = json.loads(out.stdout.strip().splitlines()[-1])
+        assert tidy["status"] == "pass", tidy
+        assert len(made) > 10 and [p for p in made if not os.path.exists(p)] == []
+    finally:
+        for path in made:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
