@@ -24,7 +24,8 @@ import zmq
 
 from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
-from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
+from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, notify_due,
+                                                 notify_socket)
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import ipc_address
 
@@ -113,7 +114,7 @@ class MessageQueue:
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
         self._overflow_pending = False  # reader: an overflow chunk was read, its frames were not
-        self._next_notify = float("-inf")
+        self._last_notify = float("-inf")
 
     def _xpub(self, address: str) -> zmq.Socket:
         sock = self.context.socket(zmq.XPUB)
@@ -187,8 +188,8 @@ class MessageQueue:
         if overflow:
             self.local_socket.send_multipart(frames, copy=False)
         now = time.monotonic()
-        if now >= self._next_notify:  # spin_condition.notify_due, as one comparison
-            self._next_notify = now + self.handle.busy_loop_s / 2
+        if notify_due(self.handle.busy_loop_s, self._last_notify, now):
+            self._last_notify = now
             self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
 
     def _wait_writable(self, idx: int, timeout: float | None) -> None:

@@ -23,8 +23,8 @@ NOT_READY = object()  # write(): the chunk is not free yet; read(): nothing new 
 # (pthread mutexes are built on atomic read-modify-write instructions with acquire and
 # release semantics). vLLM does the same: shm_broadcast.py:84-104 (vLLM 0.33.0).
 _FENCE = threading.Lock()
-# Bound once: acquire(); release() costs about 60 ns, `with _FENCE: pass` about 115 ns, and the
-# hot paths below fence three times per message on each side.
+# Bound once: the hot paths below fence three times per message on each side, and bound
+# methods skip an attribute lookup per call (chapter 05 measures a fence).
 _fence_in, _fence_out = _FENCE.acquire, _FENCE.release
 
 
@@ -70,9 +70,10 @@ class ShmRingBuffer:
         1  some 1       partly     waits                      may read if r_k = 0
         1  all 1        consumed   may refill it              waits (nothing new)
 
-    Transitions, in this order, with a memory fence between data and flags:
-      writer: w = 0; write the data; every r_k = 0; fence; w = 1; fence.
-      reader k: check w = 1 and r_k = 0; fence; copy the data out; r_k = 1; fence.
+    Transitions, in this order, with a memory fence between data and flags (each step is one
+    method below, and write()/read() are those same methods in one call):
+      writer: fence; check writable; w = 0; write the data; every r_k = 0; fence; w = 1; fence.
+      reader k: fence; check w = 1 and r_k = 0; copy the data out; fence; r_k = 1; fence.
     Clearing the read flags before setting w keeps the chunk in "empty" until it is
     complete. The other order passes through "w = 1, r_k = 1" (consumed, with the new
     data already in place): a reader skips a message, or marks it read before the
@@ -121,9 +122,6 @@ class ShmRingBuffer:
         return (self.__class__, self.handle())
 
     # --- offsets -------------------------------------------------------------------------
-    def data_offset(self, idx: int) -> int:
-        return idx * self.max_chunk_bytes
-
     def written_offset(self, idx: int) -> int:
         return self._written[idx]
 
@@ -131,8 +129,7 @@ class ShmRingBuffer:
     def writable(self, idx: int) -> bool:
         """Chunk idx is empty or consumed by every reader."""
         w, buf = self._written[idx], self.buf
-        _fence_in()
-        _fence_out()
+        memory_fence()
         return not buf[w] or buf[w + 1:w + self.metadata_size] == self._all_read
 
     def unread_by(self, idx: int) -> list[int]:
@@ -141,25 +138,21 @@ class ShmRingBuffer:
         return [k for k in range(self.n_reader) if not self.buf[w + 1 + k]]
 
     def begin_write(self, idx: int) -> memoryview:
-        """Mark chunk idx empty and return its data for the writer to fill."""
+        """Mark chunk idx empty and return its data (chunk(idx)) for the writer to fill."""
         self.buf[self._written[idx]] = 0
-        start = idx * self.max_chunk_bytes
-        return self.buf[start:start + self.max_chunk_bytes]
+        return self.chunk(idx)
 
     def end_write(self, idx: int) -> None:
         """Publish chunk idx: clear the read flags first, then set the written flag."""
         w, buf = self._written[idx], self.buf
         buf[w + 1:w + self.metadata_size] = self._none_read
-        _fence_in()  # fence: the data and the cleared flags before w = 1
-        _fence_out()
+        memory_fence()  # the data and the cleared flags before w = 1
         buf[w] = 1
-        _fence_in()  # fence: w = 1 leaves this core's store buffer now
-        _fence_out()
+        memory_fence()  # w = 1 leaves this core's store buffer now
 
     def readable(self, idx: int, reader: int) -> bool:
         w, buf = self._written[idx], self.buf
-        _fence_in()
-        _fence_out()
+        memory_fence()
         return buf[w] == 1 and buf[w + 1 + reader] == 0
 
     def chunk(self, idx: int) -> memoryview:
@@ -168,46 +161,29 @@ class ShmRingBuffer:
 
     def end_read(self, idx: int, reader: int) -> None:
         """Release chunk idx for this reader; call it only after the data is copied out."""
-        _fence_in()  # fence: the copy-out completes before the writer can see r_k = 1
-        _fence_out()
+        memory_fence()  # the copy-out completes before the writer can see r_k = 1
         self.buf[self._written[idx] + 1 + reader] = 1
-        _fence_in()
-        _fence_out()
+        memory_fence()
 
-    # --- the same protocol, one call per message (MessageQueue's hot path) ----------------
+    # --- the same steps, one call per message (MessageQueue's hot path) -------------------
     def write(self, idx: int, fill: Callable[[memoryview, int, int, Any], Any], arg: Any) -> Any:
         """If chunk idx is writable: begin_write, fill(buf, start, max_chunk_bytes, arg),
         end_write, and return what fill returned. Else return NOT_READY and touch nothing."""
-        w, buf, m = self._written[idx], self.buf, self.metadata_size
-        _fence_in()
-        _fence_out()
-        if buf[w] and buf[w + 1:w + m] != self._all_read:
+        if not self.writable(idx):
             return NOT_READY
-        buf[w] = 0
-        result = fill(buf, idx * self.max_chunk_bytes, self.max_chunk_bytes, arg)
-        buf[w + 1:w + m] = self._none_read
-        _fence_in()  # fence: the data and the cleared flags before w = 1
-        _fence_out()
-        buf[w] = 1
-        _fence_in()
-        _fence_out()
+        self.begin_write(idx).release()
+        result = fill(self.buf, idx * self.max_chunk_bytes, self.max_chunk_bytes, arg)
+        self.end_write(idx)
         return result
 
     def read(self, idx: int, reader: int, copy_out: Callable[[memoryview, int], Any]) -> Any:
         """If chunk idx is readable by reader: copy_out(buf, start), end_read, and return what
         copy_out returned (it must copy: the writer may refill the chunk right after). Else
         return NOT_READY."""
-        w, buf = self._written[idx], self.buf
-        _fence_in()
-        _fence_out()
-        if buf[w] != 1 or buf[w + 1 + reader]:
+        if not self.readable(idx, reader):
             return NOT_READY
-        result = copy_out(buf, idx * self.max_chunk_bytes)
-        _fence_in()  # fence: the copy-out completes before the writer can see r_k = 1
-        _fence_out()
-        buf[w + 1 + reader] = 1
-        _fence_in()
-        _fence_out()
+        result = copy_out(self.buf, idx * self.max_chunk_bytes)
+        self.end_read(idx, reader)
         return result
 
     def close(self) -> None:

@@ -111,8 +111,8 @@ class SpinCondition:
 
 
 def notify_due(busy_loop_s: float, last_notify: float, now: float) -> bool:
-    """Whether the writer must notify now (see the module docstring). MessageQueue keeps the
-    same rule as one comparison per enqueue: now >= last_notify + busy_loop_s / 2."""
+    """Whether the writer must notify now (see the module docstring); MessageQueue asks on
+    every enqueue."""
     return now - last_notify >= busy_loop_s / 2
 
 
