@@ -1,0 +1,213 @@
+"""The judge's tests for exercise 412. Each receives the learner's module as `tp`.
+
+The first test is plain tensor slicing, in this process. The others start `world_size` real
+processes (forked), each joins a gloo group through the learner's init_tp, runs the learner's
+layer on its shard, and sends its output back; the judge compares it with the unsplit layer
+computed here. Float64, tiny sizes: a wrong split is off by whole numbers, not by rounding.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minivllm.judge.api import Fail, check_equal, test
+
+WAIT_S = 30.0  # a rank that has not answered in this long is stuck in a collective
+IN, HIDDEN, OUT, BATCH = 6, 12, 4, 3
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "all_to_all")
+
+
+def tensors(seed=412):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    return {"x": r(BATCH, IN), "w": r(HIDDEN, IN), "b": r(HIDDEN) * 10,
+            "w2": r(OUT, HIDDEN), "b2": r(OUT) * 10}
+
+
+def _rank_main(tp, rank, world_size, path, job, results):
+    torch.set_num_threads(1)
+    try:
+        tp.init_tp(rank, world_size, path)
+        counts = {name: 0 for name in COLLECTIVES}
+        for name in COLLECTIVES:  # count the learner's collectives (they still run)
+            real = getattr(dist, name)
+
+            def counted(*a, _real=real, _name=name, **k):
+                counts[_name] += 1
+                return _real(*a, **k)
+            setattr(dist, name, counted)
+        out = job(tp, rank, world_size, tensors())
+        results.put((rank, "ok", (out, counts)))
+    except NotImplementedError as e:
+        results.put((rank, "todo", str(e)))
+    except BaseException as e:
+        results.put((rank, "error", "".join(traceback.format_exception(e, limit=-3))))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(tp, world_size, job):
+    """Run job(tp, rank, world_size, tensors) on world_size gloo ranks; [(output, counts)]."""
+    torch.set_num_threads(1)
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "rendezvous")
+    procs = [ctx.Process(target=_rank_main, args=(tp, r, world_size, path, job, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < world_size:
+            try:
+                rank, status, payload = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(world_size)) - set(got))
+                raise Fail(f"ranks {missing} of {world_size} did not finish within {WAIT_S:g} s: "
+                           "a rank waits in a collective that another rank never calls (every "
+                           "rank must make the same collective calls in the same order)") from None
+            if status == "todo":
+                raise NotImplementedError(payload)
+            if status == "error":
+                raise Fail(f"rank {rank} of {world_size} raised", got=payload.splitlines()[-1],
+                           detail=payload)
+            got[rank] = payload
+    finally:
+        ok = len(got) == world_size
+        for p in procs:
+            p.join(5 if ok else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for name in os.listdir(d):
+            os.unlink(os.path.join(d, name))
+        os.rmdir(d)
+    return [got[r] for r in range(world_size)]
+
+
+def _close(got, want, what):
+    got = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got
+    if got.shape != want.shape or not torch.allclose(got, want, atol=1e-9):
+        raise Fail(f"{what} differs from the unsplit layer", expected=want.tolist(),
+                   got=got.tolist())
+
+
+# --- the tests -------------------------------------------------------------------------------
+@test(input="a (12, 6) weight and a (12,) bias; world sizes 2 and 3; then world size 5")
+def shards(tp):
+    t = tensors()
+    w, b = t["w"], t["b"]
+    for ws in (2, 3):
+        per_out, per_in = HIDDEN // ws, IN // ws
+        for r in range(ws):
+            cw, cb = tp.column_shard(w, b, r, ws)
+            if cw.shape != (per_out, IN) or not torch.equal(cw, w[r * per_out:(r + 1) * per_out]):
+                raise Fail(f"column_shard(w, b, {r}, {ws}): a column-parallel rank holds rows "
+                           f"{r * per_out}..{(r + 1) * per_out - 1} of the (out, in) weight (its "
+                           "output features)", expected=tuple(w[r * per_out:(r + 1) * per_out]
+                                                              .shape), got=tuple(cw.shape))
+            check_equal(cb.tolist(), b[r * per_out:(r + 1) * per_out].tolist(),
+                        f"the bias slice of column_shard(w, b, {r}, {ws})")
+            rw = tp.row_shard(w, r, ws)
+            if rw.shape != (HIDDEN, per_in) or not torch.equal(rw, w[:, r * per_in:(r + 1) * per_in]):
+                raise Fail(f"row_shard(w, {r}, {ws}): a row-parallel rank holds columns "
+                           f"{r * per_in}..{(r + 1) * per_in - 1} of the (out, in) weight (its "
+                           "input features)", expected=(HIDDEN, per_in), got=tuple(rw.shape))
+        check_equal(tp.column_shard(w, None, 0, ws)[1], None, "column_shard with bias None")
+    for call in (lambda: tp.column_shard(w, b, 0, 5), lambda: tp.row_shard(w, 0, 5)):
+        try:
+            got = call()
+        except ValueError:
+            continue
+        raise Fail("a shard of 12 or 6 features over 5 ranks must raise ValueError (the sizes "
+                   "must divide evenly)", got=tuple(got[0].shape) if isinstance(got, tuple)
+                   else tuple(got.shape))
+
+
+def _all_reduce_job(tp, rank, ws, t):
+    v = torch.tensor([float(rank + 1)])
+    dist.all_reduce(v)
+    return [dist.get_rank(), dist.get_world_size(), v.item()]
+
+
+@test(input="init_tp(rank, 3, file) in 3 processes; then an all-reduce of rank + 1", timeout=60)
+def group_of_three(tp):
+    got = [out for out, _ in run_ranks(tp, 3, _all_reduce_job)]
+    check_equal(got, [[0, 3, 6.0], [1, 3, 6.0], [2, 3, 6.0]],
+                "[rank, world size, all-reduce of rank + 1] on each rank")
+
+
+def _column_job(tp, rank, ws, t):
+    w, b = tp.column_shard(t["w"], t["b"], rank, ws)
+    return [tp.column_parallel_linear(t["x"], w, b, gather_output=False).tolist(),
+            tp.column_parallel_linear(t["x"], w, b, gather_output=True).tolist()]
+
+
+@test(input="column_parallel_linear on 2 and on 3 ranks, gather_output False and True", timeout=60)
+def column_parallel(tp):
+    t = tensors()
+    full = F.linear(t["x"], t["w"], t["b"])
+    for ws in (2, 3):
+        per = HIDDEN // ws
+        for rank, (out, _) in enumerate(run_ranks(tp, ws, _column_job)):
+            local, gathered = out
+            _close(local, full[:, rank * per:(rank + 1) * per],
+                   f"rank {rank} of {ws}, gather_output=False: its slice of the output features")
+            _close(gathered, full, f"rank {rank} of {ws}, gather_output=True: the slices "
+                                   "all-gathered and joined along the last dimension")
+
+
+def _row_job(tp, rank, ws, t):
+    w = tp.row_shard(t["w"], rank, ws)
+    per = IN // ws
+    x_part = t["x"][:, rank * per:(rank + 1) * per]
+    return [tp.row_parallel_linear(t["x"], w, t["b"], input_is_parallel=False).tolist(),
+            tp.row_parallel_linear(x_part, w, t["b"], input_is_parallel=True).tolist()]
+
+
+@test(input="row_parallel_linear on 2 and on 3 ranks, input_is_parallel False and True "
+            "(the bias is 10x the weights' scale)", timeout=60)
+def row_parallel(tp):
+    t = tensors()
+    full = F.linear(t["x"], t["w"], t["b"])
+    for ws in (2, 3):
+        for rank, (out, _) in enumerate(run_ranks(tp, ws, _row_job)):
+            for got, how in zip(out, ("input_is_parallel=False", "input_is_parallel=True")):
+                g = torch.tensor(got, dtype=torch.float64)
+                if g.shape == full.shape and torch.allclose(g, full + (ws - 1) * t["b"]):
+                    raise Fail(f"rank {rank} of {ws}, {how}: the bias was added {ws} times; add "
+                               "it once, after the all-reduce (or on rank 0 only, before it)")
+                _close(g, full, f"rank {rank} of {ws}, {how}: the all-reduced output")
+
+
+def _mlp_job(tp, rank, ws, t):
+    return tp.parallel_mlp(t["x"], t["w"], t["b"], t["w2"], t["b2"], rank, ws).tolist()
+
+
+@test(input="parallel_mlp on 2 and on 3 ranks: relu(x W1^T + b1) W2^T + b2", timeout=60)
+def mlp_one_all_reduce(tp):
+    t = tensors()
+    full = F.linear(F.relu(F.linear(t["x"], t["w"], t["b"])), t["w2"], t["b2"])
+    for ws in (2, 3):
+        for rank, (out, counts) in enumerate(run_ranks(tp, ws, _mlp_job)):
+            _close(out, full, f"rank {rank} of {ws}: parallel_mlp")
+            used = {k: v for k, v in counts.items() if v}
+            if used != {"all_reduce": 1}:
+                raise Fail(f"rank {rank} of {ws}: the collectives parallel_mlp made. The column "
+                           "layer's output slice is the row layer's input slice, so the MLP "
+                           "needs one all-reduce and nothing else (call them as "
+                           "dist.all_reduce(...), torch.distributed imported as dist)",
+                           expected={"all_reduce": 1}, got=used)
