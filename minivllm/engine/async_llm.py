@@ -18,6 +18,7 @@ RequestOutputCollector, vllm/v1/engine/output_processor.py:44.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, AsyncGenerator
 
 import numpy as np
@@ -122,7 +123,7 @@ class AsyncLLM:
             while not finished:
                 out = await collector.get()
                 finished = out.finished
-                yield out
+                yield _snapshot(out)
         finally:
             del self.collectors[request_id]
             if not finished:  # the consumer left, was cancelled, or the engine died
@@ -161,3 +162,8 @@ class AsyncLLM:
         for collector in self.collectors.values():
             collector.put(self.engine_core.dead_error)
 
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A copy the consumer may keep: the processor goes on appending to the original."""
+    return dataclasses.replace(out, outputs=[dataclasses.replace(c, token_ids=list(c.token_ids))
+                                             for c in out.outputs])

@@ -109,7 +109,10 @@ class SyncMPClient(MPClient):
         """Stop the engines and close everything; idempotent."""
         if not self._begin_shutdown():
             return
-        self._shutdown_socket.send(b"")
+        try:  # the thread may be gone already (it leaves on ENGINE_CORE_DEAD): never block
+            self._shutdown_socket.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass
         self.output_thread.join(5.0)
         self._shutdown_socket.close(linger=0)
         self._close_resources()

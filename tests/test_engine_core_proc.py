@@ -1,0 +1,254 @@
+"""The engine core in its own process, through real sockets: death, garbage, signals, start-up.
+
+Every test starts real engine core processes on the tiny model; the autouse leak check then
+proves that no process, /dev/shm segment or ipc socket file is left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import numpy as np
+import pytest
+from tiny_model import make_tiny_model_dir
+
+from minivllm import LLM
+from minivllm.engine.config import EngineConfig
+from minivllm.engine.core_client import InprocClient
+from minivllm.engine.core_client_mp import SyncMPClient
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.messages import EngineCoreRequest, EngineCoreRequestType, FinishReason
+from minivllm.sampling_params import SamplingParams
+from minivllm.serial import MsgpackEncoder
+
+RT = EngineCoreRequestType
+DEATH_DEADLINE_S = 5.0  # the issue's bound: a blocked caller learns of a death this fast
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
+
+
+def request(rid, n=10, first=3, **params):
+    params = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 16, **params}
+    return EngineCoreRequest(rid, np.arange(first, first + n, dtype=np.int32),
+                             SamplingParams(**params))
+
+
+def run_until_finished(client, ids, on_output=None):
+    """Drive get_output until every id in `ids` finished; returns id -> (tokens, last output)."""
+    tokens, last = {i: [] for i in ids}, {}
+    while len(last) < len(ids):
+        outputs = client.get_output()
+        for out in outputs.outputs:
+            if out.request_id in tokens:
+                tokens[out.request_id] += out.new_token_ids
+                if out.finished:
+                    last[out.request_id] = out
+        if on_output is not None:
+            on_output(outputs)
+    return {i: (tokens[i], last[i]) for i in ids}
+
+
+def wait_until_running(client, deadline_s=30.0):
+    end = time.monotonic() + deadline_s
+    while client.call_utility("get_stats")["num_running"] == 0:
+        assert time.monotonic() < end, "the engine never started running the requests"
+        time.sleep(0.02)
+
+
+def test_kill_9_during_generate_raises_engine_dead_error_within_5_s(tiny_dir):
+    llm = LLM(tiny_dir)
+    pid = llm.engine_core.engine_manager.pids[0]
+    caught = {}
+
+    def generate():
+        try:
+            llm.generate(["The capital"] * 8, SamplingParams(max_tokens=1000, ignore_eos=True),
+                         use_tqdm=False)
+        except EngineDeadError as e:
+            caught["error"], caught["at"] = e, time.monotonic()
+
+    caller = threading.Thread(target=generate)
+    caller.start()
+    try:
+        wait_until_running(llm.engine_core)
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        caller.join(DEATH_DEADLINE_S + 5)
+        assert not caller.is_alive(), "the caller of generate() is still blocked"
+        assert "error" in caught, "generate() returned instead of raising EngineDeadError"
+        assert caught["at"] - killed_at < DEATH_DEADLINE_S
+        assert "exit code -9" in str(caught["error"])
+        with pytest.raises(EngineDeadError):  # and every later call, at once
+            llm.generate("again", use_tqdm=False)
+        with pytest.raises(EngineDeadError):
+            llm.engine_core.call_utility("get_stats")
+    finally:
+        llm.close()
+    assert not llm.engine_core.engine_manager.handles[0].is_alive()
+
+
+def test_an_exception_inside_step_reaches_the_caller_as_engine_dead_error(tiny_dir):
+    """The fault is injected into Scheduler.update_from_output in a fresh interpreter that then
+    forks the engine core (a fork inherits the patch; this pytest process may already run
+    torch's OpenMP pool, after which engines start with spawn)."""
+    out = subprocess.run([sys.executable, __file__, "fault-in-step", tiny_dir],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["error_type"] == "EngineDeadError", result
+    assert "reported a fatal error" in result["error"]  # ENGINE_CORE_DEAD, not just the exit
+    assert result["seconds"] < DEATH_DEADLINE_S
+    assert result["exitcode"] == 1
+    assert "injected fault in step()" in out.stderr  # the engine's traceback is in its log
+
+
+def _fault_in_step_main(model_dir: str) -> None:
+    from minivllm.engine.scheduler import Scheduler
+    from minivllm.utils.mp import START_METHOD_ENV
+
+    os.environ[START_METHOD_ENV] = "fork"
+    original, calls = Scheduler.update_from_output, [0]
+
+    def failing(self, *args):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise RuntimeError("injected fault in step()")
+        return original(self, *args)
+
+    Scheduler.update_from_output = failing
+    llm = LLM(model_dir)
+    start = time.monotonic()
+    try:
+        llm.generate(["The capital"] * 4, SamplingParams(max_tokens=500, ignore_eos=True),
+                     use_tqdm=False)
+        result = {"error_type": None, "error": "", "seconds": time.monotonic() - start}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result = {"error_type": type(e).__name__, "error": str(e),
+                  "seconds": time.monotonic() - start}
+    finally:
+        llm.close()
+    result["exitcode"] = llm.engine_core.engine_manager.handles[0].process.exitcode
+    print(json.dumps(result))
+
+
+def malformed_frames(count, keep_id, rng):
+    """Garbage of every kind the issue names, as [type frame, body frames...] lists."""
+    enc = MsgpackEncoder()
+    kinds = [
+        lambda i: [rng.bytes(int(rng.integers(1, 20)))],  # random bytes, no valid type
+        lambda i: [b"\x09", rng.bytes(8)],  # a type byte that does not exist
+        lambda i: [b""],  # an empty type frame
+        lambda i: [RT.ABORT.value, *enc.encode([f"no-such-request-{i}"])],  # unknown abort
+        lambda i: [RT.ADD.value, *enc.encode(EngineCoreRequest(  # token ids out of range
+            f"bad-{i}", np.array([3, 10**6], np.int32), SamplingParams()))],
+        lambda i: [RT.ADD.value, *enc.encode(request(keep_id, 5))],  # duplicate running id
+        lambda i: [RT.ADD.value, rng.bytes(30)],  # an ADD body that is not msgpack
+        lambda i: [RT.ADD.value, msgspec.msgpack.encode([f"bad-{i}", "not tokens"])],
+        lambda i: [RT.UTILITY.value, rng.bytes(12)],
+        lambda i: [RT.EXECUTOR_FAILED.value],  # the engine's own message, from a client
+        lambda i: [RT.ABORT.value, msgspec.msgpack.encode({"not": "a list"})],
+    ]
+    return [kinds[i % len(kinds)](i) for i in range(count)]
+
+
+def test_a_thousand_malformed_frames_do_not_disturb_a_generation(tiny_dir):
+    config = EngineConfig(model=tiny_dir)
+    ids = ["a", "b", "c"]
+    reference_client = InprocClient(config)
+    try:
+        for i, rid in enumerate(ids):
+            reference_client.add_request(request(rid, 6 + 5 * i, max_tokens=48))
+        reference = run_until_finished(reference_client, ids)
+    finally:
+        reference_client.shutdown()
+    client = SyncMPClient(config)
+    try:
+        client.add_request(request("keep", 7, max_tokens=1000))  # runs through all the garbage
+        for i, rid in enumerate(ids):
+            client.add_request(request(rid, 6 + 5 * i, max_tokens=48))
+        garbage = malformed_frames(1000, "keep", np.random.default_rng(0))
+        errors, identity = {}, client.core_engines[0]
+
+        def flood(outputs):
+            for out in outputs.outputs:
+                if out.finish_reason == FinishReason.ERROR:
+                    errors[out.request_id] = out.stop_reason or out.error
+            for frames in garbage[:40]:
+                client.input_socket.send_multipart([identity, *frames])
+            del garbage[:40]
+
+        got = run_until_finished(client, ids, on_output=flood)
+        assert not garbage, "the generation ended before all 1,000 frames were sent"
+        for rid in ids:
+            assert got[rid][0] == reference[rid][0], f"request {rid} changed under the garbage"
+            assert got[rid][1].finish_reason == FinishReason.LENGTH
+        client.abort_requests(["keep"])
+        # the engine still answers: a new request, and its books are clean
+        client.add_request(request("after", 9, max_tokens=5))
+        after = run_until_finished(client, ["after"], on_output=flood)
+        assert len(after["after"][0]) == 5
+        stats = client.call_utility("get_stats")
+        assert stats["num_running"] == stats["num_waiting"] == stats["kv_blocks_used"] == 0
+        assert errors and all(k.startswith("bad-") for k in errors)  # refused ids were told why
+        assert any("token ids" in e for e in errors.values())
+    finally:
+        client.shutdown()
+
+
+def test_data_parallel_routes_to_the_least_loaded_and_aborts_follow(tiny_dir):
+    client = SyncMPClient(EngineConfig(model=tiny_dir, data_parallel_size=2))
+    try:
+        for i in range(4):
+            client.add_request(request(f"r{i}", 8, first=3 + i, max_tokens=1000))
+        assert [client.reqs_in_flight[f"r{i}"] for i in range(4)] == [0, 1, 0, 1]
+        client.abort_requests(["r1", "r3"])  # both on engine 1
+        # utility calls queue behind the ABORTs in each engine: the answer is deterministic
+        stats = client.call_utility_all("get_stats")
+        assert [s["num_running"] + s["num_waiting"] for s in stats] == [2, 0]
+        assert stats[1]["kv_blocks_used"] == 0
+        client.add_request(request("r4", 8, max_tokens=1000))  # engine 1 is the least loaded
+        assert client.reqs_in_flight["r4"] == 1
+        with pytest.raises(RuntimeError, match="unknown utility"):
+            client.call_utility("shutdown")
+        client.abort_requests(["r0", "r2", "r4"])
+        assert client.in_flight == [0, 0]
+    finally:
+        client.shutdown()
+
+
+def test_sigterm_aborts_what_runs_and_exits_cleanly(tiny_dir):
+    client = SyncMPClient(EngineConfig(model=tiny_dir))
+    try:
+        client.add_request(request("long", 8, max_tokens=1000))
+        wait_until_running(client)
+        handle = client.engine_manager.handles[0]
+        os.kill(handle.pid, signal.SIGTERM)
+        aborted = run_until_finished(client, ["long"])["long"][1]
+        assert aborted.finish_reason == FinishReason.ABORT and "shut down" in aborted.error
+        handle.process.join(DEATH_DEADLINE_S)
+        assert handle.process.exitcode == 0
+        with pytest.raises(EngineDeadError, match="exit code 0"):
+            client.get_output()
+    finally:
+        client.shutdown()
+
+
+def test_a_start_up_failure_is_reported_with_the_engines_traceback(tiny_dir, tmp_path):
+    broken = make_tiny_model_dir(str(tmp_path / "broken"))
+    with open(os.path.join(broken, "model.safetensors"), "r+b") as f:
+        f.truncate(100)  # config.json is fine (the front end reads it); the weights are not
+    with pytest.raises(RuntimeError, match="engine core 0 failed during start-up"):
+        SyncMPClient(EngineConfig(model=broken))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fault-in-step":
+        _fault_in_step_main(sys.argv[2])
