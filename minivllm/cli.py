@@ -1,39 +1,30 @@
 """The `minivllm` command line.
 
-`minivllm bench NAME [...]` runs `minivllm.bench.NAME.main(argv)`, so each chapter adds its
-benchmark as one module without touching this file.
+`minivllm bench NAME [...]` runs `minivllm.bench.NAME.main(argv)` for every NAME that
+minivllm.bench.BENCHMARKS lists, so a chapter adds its benchmark without touching this file.
+`minivllm serve [...]` runs minivllm.entrypoints.serve.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
-from pathlib import Path
 
-import minivllm.bench
+from minivllm.bench import BENCHMARKS
 
 
 def bench_names() -> list[str]:
-    """Benchmarks are the modules of minivllm.bench that define main(argv).
-
-    Read as text, not imported: a helper module (code a benchmark's child runs) is no
-    benchmark, and importing every one would pull in torch just to print a list.
-    """
-    names = []
-    for info in pkgutil.iter_modules(minivllm.bench.__path__):
-        path = Path(info.module_finder.path) / f"{info.name}.py"
-        if not info.name.startswith("_") and path.exists() and "\ndef main(" in path.read_text():
-            names.append(info.name)
-    return sorted(names)
+    """The benchmarks minivllm.bench.BENCHMARKS lists (nothing is imported to list them)."""
+    return sorted(BENCHMARKS)
 
 
 def run_bench(argv: list[str]) -> int:
     names = bench_names()
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: minivllm bench NAME [--quick] [--json FILE] ...")
-        print("benchmarks: " + ", ".join(names))
+        print("usage: minivllm bench NAME [--quick] [--json FILE] ...\n\nbenchmarks:")
+        for name in names:
+            print(f"  {name:12s} {BENCHMARKS[name]}")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in names:
@@ -51,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="run a benchmark on this machine", add_help=False)
     if argv and argv[0] == "bench":
         return run_bench(argv[1:])
-    if argv and argv[0] in ("serve", "generate"):
-        module = importlib.import_module(f"minivllm.entrypoints.{argv[0]}")
-        return int(module.main(argv[1:]) or 0)
+    if argv and argv[0] == "serve":
+        from minivllm.entrypoints import serve
+        return int(serve.main(argv[1:]) or 0)
     parser.parse_args(argv)
     return 2
 

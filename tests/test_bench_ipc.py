@@ -6,7 +6,7 @@ import multiprocessing.resource_tracker
 import numpy as np
 
 from minivllm.bench import ipc
-from minivllm.bench.ipc_transports import Transport, grow_pipe
+from minivllm.bench._ipc_transports import Transport, grow_pipe
 
 multiprocessing.resource_tracker.ensure_running()  # shared memory starts it; not a leak
 

@@ -51,7 +51,7 @@ def test_chunked_receive_into_a_reused_buffer_carries_the_tensor():
     import numpy as np
     import zmq
 
-    from minivllm.bench import serial_transfer as st
+    from minivllm.bench import _serial_transfer as st
     from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
     arr = np.arange(3 * st.CHUNK // 4 + 5, dtype="<i4")  # 3 full chunks and a partial one

@@ -219,7 +219,7 @@ def test_shm_free_space_error_says_what_to_do():
 
 
 def test_executor_shape_broadcast_then_one_reply_queue_per_worker():
-    from minivllm.bench.ring_executor_demo import DemoExecutor, step_round_trips
+    from minivllm.demos.ring_executor import DemoExecutor, step_round_trips
 
     with DemoExecutor(world_size=2) as executor:
         replies = executor.execute(0, np.arange(10, dtype=np.int32))

@@ -22,7 +22,7 @@ from minivllm.distributed.weight_transfer import (MAX_FDS_PER_MESSAGE, TensorMet
                                                   WeightSender, WeightTransferError,
                                                   WeightUpdateAck, WeightUpdateRequest,
                                                   export_weights)
-from minivllm.distributed.weight_transfer_demo import EngineProcess, build_model, checksums
+from minivllm.demos.weight_engine import EngineProcess, build_model, checksums
 
 # The tracker that spawn starts lives as long as pytest: start it before the leak snapshot.
 multiprocessing.resource_tracker.ensure_running()

@@ -23,7 +23,6 @@ BURN_STEPS = {False: 6_000_000, True: 2_000_000}  # ~0.3-1 s of pure-Python work
 GIL_ROUNDS = {False: 3, True: 1}  # serial, threads, processes in turn; the median of rounds
 STARTS = {False: 7, True: 3}  # launches per start method; the median is reported
 METHODS = ("fork", "forkserver", "spawn")
-LOCK_WAIT_S = 1.0  # a child that cannot take a free lock in this long never will
 
 
 def burn(steps: int) -> int:
@@ -37,19 +36,6 @@ def burn(steps: int) -> int:
 def ready_at_once(link) -> None:
     link.ready(os.getpid())
     link.wait_stop()
-
-
-def slow_to_ready(link, delay_s: float) -> None:
-    time.sleep(delay_s)  # a model load that takes too long
-    link.ready()
-
-
-def middle_with_children(link, n: int) -> None:
-    """A parent in the middle: launches n children, reports their pids, then idles."""
-    kids = [launch(ready_at_once, f"kid{i}", ready_timeout=60) for i in range(n)]
-    link.ready([k.pid for k in kids])
-    while True:
-        time.sleep(0.1)
 
 
 def timed_burn(steps: int) -> float:
@@ -111,32 +97,6 @@ def startup_cost(method: str, starts: int | None = None) -> dict[str, float]:
         forkserver._forkserver._stop()
     return {"method": method, "ready_ms": statistics.median(ready) * 1e3,
             "ready_and_exit_ms": statistics.median(total) * 1e3}
-
-
-def _child_takes_lock(lock: threading.Lock) -> None:
-    os._exit(0 if lock.acquire(timeout=LOCK_WAIT_S) else 1)
-
-
-def fork_while_a_thread_holds_a_lock() -> str:
-    """Fork while another thread holds a lock; the child's copy of the lock stays held forever."""
-    lock, held = threading.Lock(), threading.Event()
-
-    def holder():
-        with lock:
-            held.set()
-            time.sleep(LOCK_WAIT_S * 2)
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait()
-    pid = os.fork()  # only this thread is copied; the lock is copied in its held state
-    if pid == 0:
-        _child_takes_lock(lock)
-    _, status = os.waitpid(pid, 0)
-    t.join()
-    if os.waitstatus_to_exitcode(status) == 1:
-        return (f"the forked child waited {LOCK_WAIT_S:g} s for the lock and gave up: the thread "
-                "holding it was not copied, so nobody will ever release it")
-    return "the child took the lock (the holder released it before the fork)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ One writer broadcasts to N reader processes (2 by default), all three transports
   - a size sweep, into sizes that overflow the ring's chunks onto its ZMQ socket.
 Each headline figure is the median of --repeats runs; the ratios compare medians of one run.
 Fair by construction: MessageQueue and PUB/SUB carry the same object ([send time, payload
-bytes]) through the same MsgpackEncoder/MsgpackDecoder; the bare ring ("raw", ring_workers.py)
+bytes]) through the same MsgpackEncoder/MsgpackDecoder; the bare ring ("raw", _ring_workers.py)
 carries the same bytes in the same ShmRingBuffer with no serialization and readers that only
 spin: what MessageQueue could reach at best. Same message counts, one unreported warm-up run
 each, alternating run by run; CPU seconds are every process's (threads included) from the first
@@ -28,7 +28,7 @@ import statistics
 from tqdm import tqdm
 
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
-from minivllm.bench.ring_workers import RAW_HEADER, Phase, reader_main, run_phase
+from minivllm.bench._ring_workers import RAW_HEADER, Phase, reader_main, run_phase
 
 MESSAGE_BYTES = 1024
 # Chunks of 64 KiB: a 1 KiB message fits, the last sizes of the sweep overflow. 256 of them

@@ -7,7 +7,7 @@
    reused buffer), pickled, and through a ShmTensorArena (written once into shared memory, a
    handle on the wire); against memcpy of the same bytes in one process (prefaulted
    destination) and a raw AF_UNIX stream into a reused buffer (the ceiling of any socket).
-   serial_transfer.py describes each row. Medians.
+   _serial_transfer.py describes each row. Medians.
 
 Ratios (higher is better):
     msgpack_speedup_vs_pickle     pickle_dicts time / flat_arrays time          (goal >= 10)
@@ -27,7 +27,7 @@ import time
 from tqdm import tqdm
 
 from minivllm.bench import serial_batch as sb
-from minivllm.bench import serial_transfer as st
+from minivllm.bench import _serial_transfer as st
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
 
 TENSOR_MIB = 64
