@@ -107,16 +107,6 @@ class Tokenizer:
             bos_token=tok(self.bos_token_id) if self.bos_token_id is not None else "",
             eos_token=tok(self.eos_token_id) if self.eos_token_id is not None else "")
 
-    def save_hf_dir(self, path: str) -> None:
-        """Write tokenizer.json and tokenizer_config.json, as a HF directory holds them."""
-        self.backend.save(os.path.join(path, "tokenizer.json"))
-        tok = self.backend.id_to_token
-        cfg = {"chat_template": self.chat_template,
-               "bos_token": tok(self.bos_token_id) if self.bos_token_id is not None else None,
-               "eos_token": tok(self.eos_token_id) if self.eos_token_id is not None else None}
-        with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-            json.dump(cfg, f, indent=2)
-
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves the template
 
