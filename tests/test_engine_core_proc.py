@@ -23,6 +23,7 @@ from minivllm.engine.core_client import InprocClient
 from minivllm.engine.core_client_mp import SyncMPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreRequest, EngineCoreRequestType, FinishReason
+from minivllm.engine.utils import launch_core_engines
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import MsgpackEncoder
 
@@ -222,6 +223,32 @@ def test_data_parallel_routes_to_the_least_loaded_and_aborts_follow(tiny_dir):
         assert client.in_flight == [0, 0]
     finally:
         client.shutdown()
+
+
+def test_one_engine_serves_two_clients_each_its_own_outputs(tiny_dir):
+    """As with `minivllm serve --api-server-count 2`: a launcher starts the engine, two clients
+    (API servers) connect to it, each with its own ROUTER/PULL and client_index."""
+    config = EngineConfig(model=tiny_dir)
+    manager, addresses = launch_core_engines(config, num_api_servers=2)
+    clients = []
+    try:
+        for i in range(2):
+            clients.append(SyncMPClient(config, addresses.for_client(i) |
+                                        {"engine_pids": manager.pids}, client_index=i))
+        for i, client in enumerate(clients):
+            client.add_request(request(f"c{i}", 8, first=3 + i, max_tokens=5))
+        for i, client in enumerate(clients):
+            got = run_until_finished(client, [f"c{i}"])
+            assert len(got[f"c{i}"][0]) == 5
+        assert all(c.outputs_queue.empty() for c in clients)  # nobody got the other's outputs
+        os.kill(manager.pids[0], signal.SIGKILL)  # clients that did not start the engine...
+        for client in clients:  # ...see its death through the pidfds
+            with pytest.raises(EngineDeadError):
+                client.get_output()
+    finally:
+        for client in clients:
+            client.shutdown()
+        manager.close()
 
 
 def test_sigterm_aborts_what_runs_and_exits_cleanly(tiny_dir):
