@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 215. Each receives the learner's module as `do`.
+"""The judge's tests for exercise 215. Each receives the learner's module as `impl`.
 
 The first tests drive the learner's DeltaEncoder and WorkerState by hand, a few steps at a time,
 through encode/decode. The last one replays 500 steps of the judge's own scheduler (chunked
@@ -15,22 +15,22 @@ from collections import deque
 
 import msgspec
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
-WAIT_S = 5.0  # the worker process answers one step well within this
+WAIT_S = scaled(5.0)  # the worker process answers one step well within this
 STEPS = 500
 
 
 # --- helpers ----------------------------------------------------------------------------------
-def _req(do, rid, prompt, outputs, blocks, computed, scheduled, resumed=False, max_tokens=16):
-    return do.ScheduledRequest(rid, list(prompt), do.SamplingParams(0.5, 0.9, max_tokens),
+def _req(impl, rid, prompt, outputs, blocks, computed, scheduled, resumed=False, max_tokens=16):
+    return impl.ScheduledRequest(rid, list(prompt), impl.SamplingParams(0.5, 0.9, max_tokens),
                                list(outputs), list(blocks), computed, scheduled, resumed)
 
 
-def _step(do, enc, worker, scheduled, finished=()):
+def _step(impl, enc, worker, scheduled, finished=()):
     """One step through the wire: make_output, encode, decode, update. The decoded output."""
     out = enc.make_output(scheduled, list(finished))
-    back = do.decode(do.encode(out))
+    back = impl.decode(impl.encode(out))
     worker.update(back)
     return back
 
@@ -84,19 +84,19 @@ def _check_rows(got: dict, expected: dict, when: str):
 
 # --- the tests ------------------------------------------------------------------------------
 @test(input="encode/decode of an output with one new and one cached request; decode(b'\\x93junk')")
-def wire_round_trip(do):
-    out = do.SchedulerOutput(
-        [do.NewRequestData("a", [1, 2, 3], do.SamplingParams(0.5, 0.9, 7), [4, 5], 0)],
-        do.CachedRequestData(["b"], {"b"}, [[9]], [[6, 7]], [12]),
+def wire_round_trip(impl):
+    out = impl.SchedulerOutput(
+        [impl.NewRequestData("a", [1, 2, 3], impl.SamplingParams(0.5, 0.9, 7), [4, 5], 0)],
+        impl.CachedRequestData(["b"], {"b"}, [[9]], [[6, 7]], [12]),
         {"a": 3, "b": 1}, ["z"])
-    back = do.decode(do.encode(out))
+    back = impl.decode(impl.encode(out))
     check_equal(back, out, "decode(encode(out))")
-    if not isinstance(back.scheduled_new_reqs[0], do.NewRequestData) or not isinstance(
-            back.scheduled_new_reqs[0].sampling_params, do.SamplingParams):
+    if not isinstance(back.scheduled_new_reqs[0], impl.NewRequestData) or not isinstance(
+            back.scheduled_new_reqs[0].sampling_params, impl.SamplingParams):
         raise Fail("decode must return typed Structs (msgspec.msgpack.Decoder(SchedulerOutput)), "
                    "not dicts and lists", got=type(back.scheduled_new_reqs[0]).__name__)
     try:
-        got = do.decode(b"\x93junk")
+        got = impl.decode(b"\x93junk")
     except msgspec.DecodeError:
         return
     raise Fail("decode of malformed bytes must raise msgspec.DecodeError", got=got)
@@ -104,10 +104,10 @@ def wire_round_trip(do):
 
 @test(input="r0: new (prompt 5 tokens, blocks [0, 1]); a decode step (+1 token, +block 2); a "
             "chunked-prefill step of r1 (no token, no block); r0 gains 3 tokens at once")
-def new_then_delta(do):
-    enc, worker = do.DeltaEncoder(), do.WorkerState()
+def new_then_delta(impl):
+    enc, worker = impl.DeltaEncoder(), impl.WorkerState()
     p = [11, 12, 13, 14, 15]
-    out = _step(do, enc, worker, [_req(do, "r0", p, [], [0, 1], 0, 5)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [], [0, 1], 0, 5)])
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "step 1: scheduled_new_reqs (a request seen for the first time goes whole)")
     check_equal(_cached(out), {}, "step 1: scheduled_cached_reqs")
@@ -117,17 +117,17 @@ def new_then_delta(do):
     check_equal(out.num_scheduled_tokens, {"r0": 5}, "step 1: num_scheduled_tokens")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [], [0, 1], 0)}, "after step 1")
 
-    out = _step(do, enc, worker, [_req(do, "r0", p, [7], [0, 1, 2], 5, 1),
-                                  _req(do, "r1", [1] * 10, [], [3], 0, 4)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [7], [0, 1, 2], 5, 1),
+                                  _req(impl, "r1", [1] * 10, [], [3], 0, 4)])
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r1"],
                 "step 2: scheduled_new_reqs (r0 is known to the workers: it goes as a delta)")
     check_equal(_cached(out), {"r0": ([7], [2], 5, False)},
                 "step 2: the cached part {req_id: (new_token_ids, new_block_ids, "
                 "num_computed_tokens, resumed)}: only what the workers have not seen")
-    out = _step(do, enc, worker, [_req(do, "r1", [1] * 10, [], [3], 4, 4)])
+    out = _step(impl, enc, worker, [_req(impl, "r1", [1] * 10, [], [3], 4, 4)])
     check_equal(_cached(out), {"r1": ([], [], 4, False)},
                 "step 3: a prefill chunk that adds no token and no block")
-    out = _step(do, enc, worker, [_req(do, "r0", p, [7, 8, 9, 10], [0, 1, 2], 6, 3)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [7, 8, 9, 10], [0, 1, 2], 6, 3)])
     check_equal(_cached(out), {"r0": ([8, 9, 10], [], 6, False)},
                 "step 4: r0 gained 3 tokens since it was last sent (all three are new)")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [7, 8, 9, 10], [0, 1, 2], 6),
@@ -136,19 +136,19 @@ def new_then_delta(do):
 
 @test(input="r0 and r1 run; r0 finishes; an abort of 'ghost', never scheduled; r0's id reused "
             "by a new request two steps later")
-def finish_and_forget(do):
-    enc, worker = do.DeltaEncoder(), do.WorkerState()
-    _step(do, enc, worker, [_req(do, "r0", [1, 2], [], [0], 0, 2),
-                            _req(do, "r1", [3, 4], [], [1], 0, 2)])
-    _step(do, enc, worker, [_req(do, "r0", [1, 2], [5], [0], 2, 1),
-                            _req(do, "r1", [3, 4], [6], [1], 2, 1)])
-    out = _step(do, enc, worker, [_req(do, "r1", [3, 4], [6, 8], [1], 3, 1)], ["r0", "ghost"])
+def finish_and_forget(impl):
+    enc, worker = impl.DeltaEncoder(), impl.WorkerState()
+    _step(impl, enc, worker, [_req(impl, "r0", [1, 2], [], [0], 0, 2),
+                            _req(impl, "r1", [3, 4], [], [1], 0, 2)])
+    _step(impl, enc, worker, [_req(impl, "r0", [1, 2], [5], [0], 2, 1),
+                            _req(impl, "r1", [3, 4], [6], [1], 2, 1)])
+    out = _step(impl, enc, worker, [_req(impl, "r1", [3, 4], [6, 8], [1], 3, 1)], ["r0", "ghost"])
     check_equal(sorted(out.finished_req_ids), ["ghost", "r0"], "finished_req_ids")
     _check_worker(worker, {"r1": ([3, 4], (0.5, 0.9, 16), [6, 8], [1], 3)},
                   "after r0 finished and 'ghost' (unknown to the worker) was aborted")
     check_equal(enc.num_tracked(), 1, "num_tracked() after r0 finished (forget finished ids)")
-    _step(do, enc, worker, [_req(do, "r1", [3, 4], [6, 8, 9], [1, 2], 4, 1)])
-    out = _step(do, enc, worker, [_req(do, "r0", [42], [], [0], 0, 1)])
+    _step(impl, enc, worker, [_req(impl, "r1", [3, 4], [6, 8, 9], [1, 2], 4, 1)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", [42], [], [0], 0, 1)])
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "scheduled_new_reqs when the finished id r0 comes back as a new request")
     _check_worker(worker, {"r0": ([42], (0.5, 0.9, 16), [], [0], 0),
@@ -158,24 +158,24 @@ def finish_and_forget(do):
 
 @test(input="r0 runs on blocks [0, 1, 2]; preempted (not scheduled for 2 steps, its blocks "
             "freed); resumed on blocks [5, 3]; then a decode step adds block 4")
-def preempt_and_resume(do):
-    enc, worker = do.DeltaEncoder(), do.WorkerState()
+def preempt_and_resume(impl):
+    enc, worker = impl.DeltaEncoder(), impl.WorkerState()
     p = list(range(10))
-    _step(do, enc, worker, [_req(do, "r0", p, [], [0, 1, 2], 0, 10)])
-    _step(do, enc, worker, [_req(do, "r0", p, [50], [0, 1, 2], 10, 1)])
-    _step(do, enc, worker, [_req(do, "r1", [9], [], [0], 0, 1)])
+    _step(impl, enc, worker, [_req(impl, "r0", p, [], [0, 1, 2], 0, 10)])
+    _step(impl, enc, worker, [_req(impl, "r0", p, [50], [0, 1, 2], 10, 1)])
+    _step(impl, enc, worker, [_req(impl, "r1", [9], [], [0], 0, 1)])
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50], [0, 1, 2], 10),
                            "r1": ([9], (0.5, 0.9, 16), [], [0], 0)},
                   "while r0 is preempted (the worker keeps its cached state)")
-    _step(do, enc, worker, [_req(do, "r1", [9], [51], [0], 1, 1)], ["r1"])
-    out = _step(do, enc, worker, [_req(do, "r0", p, [50, 60], [5, 3], 0, 8, resumed=True)],
+    _step(impl, enc, worker, [_req(impl, "r1", [9], [51], [0], 1, 1)], ["r1"])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [50, 60], [5, 3], 0, 8, resumed=True)],
                 ["r1"])
     check_equal(_cached(out), {"r0": ([60], [5, 3], 0, True)},
                 "the resumed step: r0 in resumed_req_ids with its whole new block table; its "
                 "output tokens are still a delta (the worker kept them)")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50, 60], [5, 3], 0)},
                   "after the resumed step (the new block table replaces the old one)")
-    out = _step(do, enc, worker, [_req(do, "r0", p, [50, 60], [5, 3, 4], 8, 4)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [50, 60], [5, 3, 4], 8, 4)])
     check_equal(_cached(out), {"r0": ([], [4], 8, False)},
                 "the step after the resume: a plain delta again")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50, 60], [5, 3, 4], 8)},
@@ -184,11 +184,11 @@ def preempt_and_resume(do):
 
 @test(input="r0 running; in one step r0 is aborted and a new request with the same id 'r0' "
             "is scheduled (finished_req_ids and scheduled_new_reqs both name it)")
-def same_id_finished_and_new(do):
-    enc, worker = do.DeltaEncoder(), do.WorkerState()
-    _step(do, enc, worker, [_req(do, "r0", [1, 2, 3], [], [0], 0, 3)])
-    _step(do, enc, worker, [_req(do, "r0", [1, 2, 3], [4], [0], 3, 1)])
-    out = _step(do, enc, worker, [_req(do, "r0", [7, 7], [], [2], 0, 2)], ["r0"])
+def same_id_finished_and_new(impl):
+    enc, worker = impl.DeltaEncoder(), impl.WorkerState()
+    _step(impl, enc, worker, [_req(impl, "r0", [1, 2, 3], [], [0], 0, 3)])
+    _step(impl, enc, worker, [_req(impl, "r0", [1, 2, 3], [4], [0], 3, 1)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", [7, 7], [], [2], 0, 2)], ["r0"])
     check_equal(([n.req_id for n in out.scheduled_new_reqs], out.finished_req_ids),
                 (["r0"], ["r0"]), "(scheduled_new_reqs ids, finished_req_ids): the old r0 "
                 "finished, the new r0 is new")
@@ -211,8 +211,8 @@ class Sim:
 
     BLOCK, NUM_BLOCKS, BUDGET, MAX_RUNNING = 4, 40, 40, 8
 
-    def __init__(self, do, seed: int):
-        self.do, self.rng = do, random.Random(seed)
+    def __init__(self, impl, seed: int):
+        self.impl, self.rng = impl, random.Random(seed)
         self.free = list(range(self.NUM_BLOCKS))
         self.waiting: deque[_SimReq] = deque()
         self.running: list[_SimReq] = []
@@ -280,8 +280,8 @@ class Sim:
             self.running.append(r)
             scheduled.append((r, n))
             budget -= n
-        do = self.do
-        view = [do.ScheduledRequest(r.rid, list(r.prompt), do.SamplingParams(1.0, 0.95,
+        impl = self.impl
+        view = [impl.ScheduledRequest(r.rid, list(r.prompt), impl.SamplingParams(1.0, 0.95,
                                                                              r.max_tokens),
                                     list(r.outputs), list(r.blocks), r.computed, n, r.resumed)
                 for r, n in scheduled]
@@ -304,15 +304,15 @@ class Sim:
                 self.events["finished"] += 1
 
 
-def _worker_main(do, conn):
+def _worker_main(impl, conn):
     """The worker process: decode each step, apply it, answer with its table (msgpack)."""
-    worker = do.WorkerState()
+    worker = impl.WorkerState()
     while True:
         data = conn.recv_bytes()
         if not data:
             return
         try:
-            worker.update(do.decode(data))
+            worker.update(impl.decode(data))
             conn.send_bytes(msgspec.msgpack.encode(["ok", _rows(worker)]))
         except Exception as e:
             conn.send_bytes(msgspec.msgpack.encode(["error", f"{type(e).__name__}: {e}"]))
@@ -321,19 +321,19 @@ def _worker_main(do, conn):
 @test(input=f"{STEPS} steps of the judge's scheduler (seed 215), the worker in another process, "
             "the encoded outputs on a pipe", timeout=60,
       hang="the worker process did not answer: did update() block or the process die?")
-def replay_500_steps(do):
-    sim = Sim(do, seed=215)
-    enc = do.DeltaEncoder()
+def replay_500_steps(impl):
+    sim = Sim(impl, seed=215)
+    enc = impl.DeltaEncoder()
     ctx = mp.get_context("fork")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_worker_main, args=(do, there), daemon=True)
+    proc = ctx.Process(target=_worker_main, args=(impl, there), daemon=True)
     proc.start()
     there.close()
     expected: dict[str, tuple] = {}
     try:
         for step in range(STEPS):
             scheduled, finished = sim.step()
-            here.send_bytes(do.encode(enc.make_output(scheduled, finished)))
+            here.send_bytes(impl.encode(enc.make_output(scheduled, finished)))
             if not here.poll(WAIT_S):
                 raise Fail(f"step {step}: the worker process gave no answer within {WAIT_S:g} s")
             status, table = msgspec.msgpack.decode(here.recv_bytes())

@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 401. Each receives the learner's module as `lb`.
+"""The judge's tests for exercise 401. Each receives the learner's module as `impl`.
 
 The judge's engines are real DEALER sockets with the DP rank as identity: threads that only
 record what they receive and report "finished" when a test says so (so every load is known
@@ -15,10 +15,10 @@ import time
 import msgspec
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
-WAIT_S = 2.0  # a message between threads on one host not delivered in this long was dropped
+WAIT_S = scaled(2.0)  # a message between threads on one host not delivered in this long was dropped
 QUIET_S = 0.3  # how long a test listens where nothing should arrive
 
 
@@ -72,10 +72,10 @@ class JudgeEngine(threading.Thread):
 class Bench:
     """The learner's client and n passive judge engines; closes everything afterwards."""
 
-    def __init__(self, lb, n, delays=None, ready=True):
+    def __init__(self, impl, n, delays=None, ready=True):
         self.ctx, self.d = zmq.Context(), IpcDir()
         self.address = self.d.path("in")
-        self.client = lb.DPLBClient(self.address, n)
+        self.client = impl.DPLBClient(self.address, n)
         self.engines = [JudgeEngine(self.ctx, self.address, r, (delays or [0] * n)[r])
                         for r in range(len(delays or [0] * n))]
         if ready:
@@ -114,12 +114,12 @@ class Bench:
 
 @test(input="3 engines, identities b'\\x00\\x00', b'\\x01\\x00', b'\\x02\\x00', connecting 0.2, "
             "0.4, 0.6 s late; then only 2 of 3 engines and wait_ready(0.8)", timeout=20)
-def ready_and_timeout(lb):
-    check_equal(lb.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
+def ready_and_timeout(impl):
+    check_equal(impl.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
                                                       "endian, as vllm/v1/engine/core.py:1191)")
-    with Bench(lb, 3, [0.2, 0.4, 0.6]):
+    with Bench(impl, 3, [0.2, 0.4, 0.6]):
         pass
-    with Bench(lb, 3, [0, 0], ready=False) as b:
+    with Bench(impl, 3, [0, 0], ready=False) as b:
         try:
             got = b.client.wait_ready(0.8)
         except TimeoutError as e:
@@ -132,8 +132,8 @@ def ready_and_timeout(lb):
 
 
 @test(input="3 idle engines; add_request r0..r5 (max_tokens 8)")
-def spreads_when_idle(lb):
-    with Bench(lb, 3) as b:
+def spreads_when_idle(impl):
+    with Bench(impl, 3) as b:
         ranks = [b.client.add_request(f"r{i}", 8) for i in range(6)]
         check_equal(ranks, [0, 1, 2, 0, 1, 2],
                     "the engines chosen for 6 requests on idle engines (the fewest in flight; "
@@ -149,8 +149,8 @@ def spreads_when_idle(lb):
 
 
 @test(input="3 engines hold 2 requests each; engine 1 finishes both; then r6, r7, r8")
-def least_loaded_after_finish(lb):
-    with Bench(lb, 3) as b:
+def least_loaded_after_finish(impl):
+    with Bench(impl, 3) as b:
         for i in range(6):
             b.client.add_request(f"r{i}", 8)
         b.settle([2, 2, 2])
@@ -169,8 +169,8 @@ def least_loaded_after_finish(lb):
 
 @test(input="add_request(engine=2) x2 on 3 idle engines, then one without engine; engine=3; "
             "an id already in flight")
-def explicit_engine_and_bad_input(lb):
-    with Bench(lb, 3) as b:
+def explicit_engine_and_bad_input(impl):
+    with Bench(impl, 3) as b:
         got = [b.client.add_request("a", 4, engine=2), b.client.add_request("b", 4, engine=2),
                b.client.add_request("c", 4)]
         check_equal(got, [2, 2, 0], "add_request(engine=2), again, then without engine")
@@ -188,8 +188,8 @@ def explicit_engine_and_bad_input(lb):
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0']) after engine 0 finished r0; "
             "then the engines report the aborted ones finished")
-def abort_follows_request(lb):
-    with Bench(lb, 3) as b:
+def abort_follows_request(impl):
+    with Bench(impl, 3) as b:
         for i in range(6):
             b.client.add_request(f"r{i}", 8)
         b.settle([2, 2, 2])
@@ -263,7 +263,7 @@ def _engine_process(address, rank, interval, report):
 @test(input="3 engine processes (engine 0 four times slower); 60 requests of 3..12 tokens added "
             "while outputs stream; every 5th aborts an earlier one; run until all finish; "
             "shutdown()", timeout=60)
-def end_to_end(lb):
+def end_to_end(impl):
     with IpcDir() as d:
         address = d.path("in")
         mpc = mp.get_context("fork")  # forked before this process makes any ZMQ context
@@ -273,7 +273,7 @@ def end_to_end(lb):
                  for r in range(3)]
         for p in procs:
             p.start()
-        client = lb.DPLBClient(address, 3)
+        client = impl.DPLBClient(address, 3)
         try:
             _drive(client, pipes)
         finally:
