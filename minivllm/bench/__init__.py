@@ -12,5 +12,6 @@ BENCHMARKS: dict[str, str] = {
     "ring": "MessageQueue vs a bare ring vs ZMQ PUB/SUB, one writer, N readers (chapter 05)",
     "weights": "weights to an engine process by handles vs by pickle (chapter 06)",
     "throughput": "offline decode tokens per second of the engine",
+    "overhead": "decode steps in process vs through the engine core process (chapter 07)",
     "serve": "a load test of `minivllm serve` next to the in-process engine (chapter 09)",
 }

@@ -68,6 +68,7 @@ class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: get_output() is one step."""
 
     def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self.engine_core = EngineCore(config)
         self._closed = False
 
