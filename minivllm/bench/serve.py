@@ -184,7 +184,9 @@ def run_inproc(engine: InprocEngine, prompts: list[list[int]], output_len: int,
 
 
 def summarize(kind: str, concurrency: int, results: list[RequestResult], wall: float,
-              client_cpu: float | None = None) -> dict:
+              cpu_s: float, client_cpu_s: float | None = None) -> dict:
+    """One row. cpu_s: CPU seconds the engine's processes used (the server's whole process tree,
+    or this process for the in-process engine); client_cpu_s: the load generator's."""
     ok = [r for r in results if r.error is None]
     itl = [x for r in ok for x in r.itl]
     tokens = sum(r.output_tokens for r in ok)
@@ -195,10 +197,25 @@ def summarize(kind: str, concurrency: int, results: list[RequestResult], wall: f
            "ttft_p99_ms": 1e3 * percentile([r.ttft for r in ok], 99) if ok else 0.0,
            "itl_p50_ms": 1e3 * percentile(itl, 50) if itl else 0.0,
            "itl_p99_ms": 1e3 * percentile(itl, 99) if itl else 0.0,
-           "e2e_p50_s": percentile([r.e2e for r in ok], 50) if ok else 0.0}
-    if client_cpu is not None:
-        row["client_cpu"] = client_cpu
+           "e2e_p50_s": percentile([r.e2e for r in ok], 50) if ok else 0.0,
+           "cpu_ms_per_tok": 1e3 * cpu_s / tokens if tokens else 0.0}
+    if client_cpu_s is not None:
+        row["client_cpu"] = client_cpu_s / wall  # cores the load generator kept busy
     return row
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its live descendants."""
+    import psutil
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores (numbers are not to be trusted above ~1)")
     rows, ratios = [], {}
     inproc_engine = InprocEngine(config, max(args.max_concurrency))
-    with contextlib.closing(inproc_engine), ServerProcess([*([args.model] if args.model else []), *args.server_args.split()]) as server:
+    server_args = [*([args.model] if args.model else []), *args.server_args.split()]
+    with contextlib.closing(inproc_engine), ServerProcess(server_args) as server:
         port = server.port
         for c in args.max_concurrency:
             n = args.num_prompts or 2 * c
@@ -229,21 +247,26 @@ def main(argv: list[str] | None = None) -> int:
             # primitives are created per shape, KV-cache pages are touched for the first time).
             asyncio.run(run_load("127.0.0.1", port, prompts,
                                  args.random_output_len, c, "warm-up"))
-            cpu0 = time.process_time()
+            cpu0, server_cpu0 = time.process_time(), tree_cpu_s(server.pid)
             results, wall = asyncio.run(run_load("127.0.0.1", port, prompts,
                                                  args.random_output_len, c, f"serve c={c}"))
-            served = summarize("serve", c, results, wall, (time.process_time() - cpu0) / wall)
+            served = summarize("serve", c, results, wall, tree_cpu_s(server.pid) - server_cpu0,
+                               time.process_time() - cpu0)
             for error in sorted({r.error for r in results if r.error})[:3]:
                 print(f"c={c}: a request failed: {error}", file=sys.stderr)
             run_inproc(inproc_engine, prompts, args.random_output_len, c)  # warm-up
-            inproc = summarize("inproc", c, *run_inproc(inproc_engine, prompts,
-                                                        args.random_output_len, c))
+            cpu0 = time.process_time()
+            results, wall = run_inproc(inproc_engine, prompts, args.random_output_len, c)
+            inproc = summarize("inproc", c, results, wall, time.process_time() - cpu0)
             rows += [served, inproc]
-            if inproc["out_tok_per_s"]:
+            if inproc["out_tok_per_s"] and served["cpu_ms_per_tok"]:
                 ratios[f"serve_vs_inproc_c{c}"] = served["out_tok_per_s"] / inproc["out_tok_per_s"]
+                # CPU per token, less sensitive to other programs' load than tok/s
+                ratios[f"serve_vs_inproc_cpu_c{c}"] = (inproc["cpu_ms_per_tok"]
+                                                       / served["cpu_ms_per_tok"])
     print_table(rows, ["engine", "concurrency", "requests", "errors", "req_per_s",
                        "out_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
-                       "itl_p99_ms", "e2e_p50_s", "client_cpu"])
+                       "itl_p99_ms", "e2e_p50_s", "cpu_ms_per_tok", "client_cpu"])
     for name, value in ratios.items():
         print(f"{name} = {value:.3f}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
