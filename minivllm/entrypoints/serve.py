@@ -118,7 +118,10 @@ def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
                     if "resource_tracker" not in " ".join(p.cmdline())]
     expected = serve_process_count(tp=args.tensor_parallel_size, dp=args.data_parallel_size,
                                    api_server_count=api_servers)
-    print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}",
+    note = ""
+    if expected.dp_coordinator and len(procs) == expected.total - 1:
+        note = " (minivllm runs no DP coordinator process)"
+    print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}{note}",
           flush=True)
     for p in procs:
         title = " ".join(p.cmdline())[:70]
