@@ -84,7 +84,7 @@ class Run:
         self.finished, self.blocked = [False] * n, [False] * n
         self.history = [0] * n  # hash of each thread's accesses and what its loads returned
         self.stores = [0] * n
-        self.loads: list[list[tuple]] = [[] for _ in names]  # (id(data), lo, hi) loaded, per thread
+        self.loads: list[list[tuple]] = [[] for _ in names]  # (buffer, lo, hi) loaded, per thread
         self.watch: list[frozenset | None] = [None] * n  # a blocked poller wakes on these
         self.pending: list[tuple | None] = [None] * n  # (is_store, op, data, span) waited at
         self.shared: list[bytearray] = []
@@ -98,6 +98,10 @@ class Run:
     def share(self, data: bytearray) -> None:
         if not any(d is data for d in self.shared):
             self.shared.append(data)
+
+    def _buffer(self, data: bytearray) -> int:
+        """Which shared buffer: its index, the same in every run (an id() is not)."""
+        return next(i for i, d in enumerate(self.shared) if d is data)
 
     # --- scheduling ------------------------------------------------------------------------
     def _choose(self, prev: int) -> int | None:
@@ -140,7 +144,7 @@ class Run:
         """The blocked flags after a store to data[span]: it wakes whoever may care."""
         lo, hi = span
         return [b and self.watch[i] is not None and not any(
-                    d == id(data) and lo < h and l < hi for d, l, h in self.watch[i])
+                    d == self._buffer(data) and lo < h and l < hi for d, l, h in self.watch[i])
                 for i, b in enumerate(self.blocked)]
 
     def _successor(self, t: int) -> tuple | None:
@@ -192,7 +196,7 @@ class Run:
             self.stores[tid] += 1
             self.blocked = self._woken(data, span)  # a store may be what a waiter needs
         else:
-            self.loads[tid].append((id(data), *span))
+            self.loads[tid].append((self._buffer(data), *span))
         return result
 
     def block(self, tid: int, since: tuple[int, int, int] | None = None) -> None:

@@ -12,7 +12,7 @@ from minivllm.judge.interleave import InstrumentedBuffer, Violation, explore
 
 PROCESS_WAIT_S = scaled(20.0)  # a message not delivered in this long means a lost flag, not slowness
 HEADER = 4
-# Schedules per interleaving scenario. The reference solution needs at most ~4,200; a ring
+# Schedules per interleaving scenario. The reference solution needs at most ~3,000; a ring
 # that needs more makes far more buffer accesses than the protocol does (byte-by-byte copies).
 MAX_RUNS = 30_000
 
