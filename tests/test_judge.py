@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
 
 from minivllm.judge import exercise
 from minivllm.judge.exercise import Exercise
@@ -103,46 +104,52 @@ def by_name(g):
     return {r["name"]: r for r in g.results}
 
 
-def test_timeout_kills_the_group_and_explains(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINIVLLM_JUDGE_TIME_SCALE", "1")  # not stretched by this machine's load
-    ex = make_exercise(tmp_path)
-    results = by_name(grade(ex, ex.starter, stop_at_first_failure=False))
-    hang = results["hangs"]
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The self-test exercise graded once, every test run (its results, by name)."""
+    ex = make_exercise(tmp_path_factory.mktemp("ex"))
+    old = os.environ.get("MINIVLLM_JUDGE_TIME_SCALE")
+    os.environ["MINIVLLM_JUDGE_TIME_SCALE"] = "1"  # limits not stretched by this machine's load
+    try:
+        return by_name(grade(ex, ex.starter, stop_at_first_failure=False))
+    finally:
+        if old is None:
+            del os.environ["MINIVLLM_JUDGE_TIME_SCALE"]
+        else:
+            os.environ["MINIVLLM_JUDGE_TIME_SCALE"] = old
+
+
+def test_timeout_kills_the_group_and_explains(graded):
+    hang = graded["hangs"]
     assert hang["status"] == "fail" and hang["kind"] == "timeout"
     assert "timed out after 3 s" in hang["message"] and "it spins forever" in hang["message"]
 
 
-def test_leftovers_are_removed_and_reported(tmp_path):
-    ex = make_exercise(tmp_path)
-    leak = by_name(grade(ex, ex.starter, stop_at_first_failure=False))["leaks"]
+def test_leftovers_are_removed_and_reported(graded):
+    leak = graded["leaks"]
     assert leak["status"] == "fail" and leak["kind"] == "leak"
     assert "left a shared-memory segment" in leak["message"]
     assert "left an ipc socket file" in leak["message"]
     assert "left a process running" in leak["message"]  # it escaped the group with setsid
 
 
-def test_an_escape_by_setsid_and_exec_is_a_leak_and_is_killed(tmp_path):
-    ex = make_exercise(tmp_path)
-    r = by_name(grade(ex, ex.starter, stop_at_first_failure=False))["escapes"]
+def test_an_escape_by_setsid_and_exec_is_a_leak_and_is_killed(graded):
+    r = graded["escapes"]
     assert r["status"] == "fail" and r["kind"] == "leak" and "sleep 77" in r["message"], r
     pid = int(re.search(r"pid (\d+) \(sleep 77", r["message"]).group(1))
     assert not psutil.pid_exists(pid)
 
 
-def test_output_is_clipped_by_bytes_and_memory_is_limited(tmp_path):
-    ex = make_exercise(tmp_path)
-    results = by_name(grade(ex, ex.starter, stop_at_first_failure=False))
-    flood = results["floods"]
+def test_output_is_clipped_by_bytes_and_memory_is_limited(graded):
+    flood = graded["floods"]
     assert "after the flood" in flood["message"] and len(flood["output"]) < 5000
     assert "50,000,001 bytes in all" in flood["output"]
-    hog = results["hogs"]
+    hog = graded["hogs"]
     assert hog["kind"] == "error" and "ran out of memory" in hog["message"], hog
 
 
-def test_missing_capability_is_skip_never_pass(tmp_path):
-    ex = make_exercise(tmp_path)
-    g = grade(ex, ex.starter, stop_at_first_failure=False)
-    assert by_name(g)["needs_capability"]["status"] == "skip"
+def test_missing_capability_is_skip_never_pass(graded, tmp_path):
+    assert graded["needs_capability"]["status"] == "skip"
     ex_all = make_exercise(tmp_path, requires=("no-such-capability",))
     g_all = grade(ex_all, ex_all.starter)
     assert {r["status"] for r in g_all.results} == {"skip"} and not g_all.passed
