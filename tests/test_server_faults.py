@@ -92,16 +92,18 @@ def test_kill_tensor_parallel_worker(tiny_dir):
         kill_and_watch(server, workers[1])
 
 
-def test_two_api_servers_share_the_port_and_trace(tiny_dir, tmp_path):
+def test_two_api_servers_and_two_engines_share_the_port_and_trace(tiny_dir, tmp_path):
     trace = str(tmp_path / "trace.json")
-    with ServerProcess([tiny_dir, "--api-server-count", "2", "--trace", trace]) as server:
+    with ServerProcess([tiny_dir, "-dp", "2", "--api-server-count", "2", "--trace", trace]
+                       ) as server:
         deadline = time.monotonic() + 60  # /health answers once the first server is up
         while "processes:" not in server.output() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert "processes: 4 running" in server.output()  # + the launcher
+        # the launcher, 2 API servers, 2 engine cores; chapter 01 adds vLLM's DP coordinator
+        expected = serve_process_count(dp=2, api_server_count=2)
+        assert f"processes: {expected.total - 1} running" in server.output(), server.output()
         api = descendants(server.pid, "APIServer")
         cores = descendants(server.pid, "EngineCore")
-        expected = serve_process_count(api_server_count=2)
         assert (len(api), len(cores)) == (expected.api_servers, expected.engine_cores)
         for i in range(8):  # new connections: the kernel spreads them over the two
             r = httpx.post(server.url + "/v1/completions", timeout=30,
