@@ -93,9 +93,11 @@ class Leaks:
         lines += [f"ipc socket file left behind: {s}" for s in self.sockets]
         return "\n".join(lines)
 
-    def warning(self) -> str:
-        return ("appeared meanwhile, not made by this code as far as its process tree and names "
-                "tell, so left alone: " + ", ".join(self.others))
+    def warning(self, shown: int = 3) -> str:
+        more = f" and {len(self.others) - shown} more" if len(self.others) > shown else ""
+        return (f"{len(self.others)} file(s) appeared meanwhile that this code did not make (not "
+                f"its names, not held by its processes), left alone: "
+                + ", ".join(self.others[:shown]) + more)
 
 
 def describe_process(p: psutil.Process) -> str:
