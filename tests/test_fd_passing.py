@@ -1,6 +1,6 @@
-"""bench/fd_passing: a descriptor sent as SCM_RIGHTS names the same file in the child (never timings)."""
+"""demos/fd_passing: a descriptor sent as SCM_RIGHTS names the same file in the child (never timings)."""
 
-from minivllm.bench import fd_passing
+from minivllm.demos import fd_passing
 
 
 def test_the_child_reads_the_same_file_through_the_passed_descriptor():
