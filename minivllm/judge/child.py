@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -84,6 +85,9 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(fd, False)  # processes the learner's code execs never hold it
     sys.stdin = open(os.devnull)
     name_default_segments()  # unnamed SharedMemory segments carry the judge's prefix
+    limit = int(os.environ.get("MINIVLLM_JUDGE_MEMORY_MIB", 0)) << 20
+    if limit:  # address space, for this process and all it starts
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     result = run(tests_path, impl_dir, module_name, test_name,
                  ready=lambda: os.write(fd, b"ready\n"))
     with open(fd, "w") as f:

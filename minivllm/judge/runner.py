@@ -14,7 +14,6 @@ import functools
 import itertools
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -154,11 +153,6 @@ class _Tail(threading.Thread):
         return "\n".join(lines)
 
 
-def _limit_memory() -> None:
-    limit = MEMORY_MIB << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
 def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
                token: str) -> tuple[dict, _Tail]:
     scale = time_scale()
@@ -171,8 +165,7 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
            ex.module_name, spec.name]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out_w, stderr=out_w, env=env,
-                                start_new_session=True, cwd=work, pass_fds=(verdict_w,),
-                                preexec_fn=_limit_memory)
+                                start_new_session=True, cwd=work, pass_fds=(verdict_w,))
     finally:
         os.close(verdict_w)
         os.close(out_w)
