@@ -15,6 +15,7 @@ import pytest
 
 from minivllm.judge import exercise
 from minivllm.judge.exercise import Exercise
+from minivllm.judge.interleave import InstrumentedBuffer, Violation, explore
 from minivllm.judge.runner import grade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,3 +261,34 @@ def test_another_programs_files_are_never_blamed_or_deleted(tmp_path):
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _counter_search(bound: int, max_runs: int = 10_000):
+    """Two threads each add 1 to a shared byte twice, by a load and a separate store."""
+    shared = []
+
+    def make_bodies():
+        shared[:] = [InstrumentedBuffer(1)]
+
+        def body(ctx):
+            buf = shared[0].bind(ctx)
+            for _ in range(2):
+                buf[0] = buf[0] + 1
+        return [body, body]
+
+    def final_check():
+        if shared[0].data[0] != 4:
+            raise Violation(f"the counter is {shared[0].data[0]}, expected 4 (a lost update)")
+    return explore(["a", "b"], make_bodies, final_check, preemption_bound=bound, max_runs=max_runs)
+
+
+def test_the_search_is_bounded_by_schedules_and_deterministic():
+    clean = _counter_search(bound=0)
+    assert clean.finished and clean.failure is None  # no preemption: no lost update
+    found = _counter_search(bound=1)
+    assert found.failure and "lost update" in found.failure.failure
+    assert _counter_search(bound=1).runs == found.runs  # the same schedule, found the same way
+    budget = _counter_search(bound=0, max_runs=1)  # a correct run, then the budget is spent
+    assert budget.runs == 1 and budget.failure is None
+    unfinished = _counter_search(bound=2, max_runs=1)
+    assert unfinished.runs == 1 and not unfinished.finished and unfinished.failure is None
