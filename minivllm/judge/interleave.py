@@ -9,18 +9,20 @@ stays within the bound. A failing schedule replays exactly and prints as a numbe
 
 The search is bounded by a number of schedules, never by seconds, so its verdict is the same
 on every machine: `SearchResult.finished` says whether it explored every schedule within the
-bound. Two things keep it small:
+bound. What keeps it small:
 - state caching: a thread's next move depends only on what it has loaded so far, so the state
   at a decision point is the buffer's bytes plus each thread's history of accesses (hashed).
   A run that reaches a state already reached with no more preemptions stops there: what can
   follow was (or will be) explored from the first visit. Interleavings that differ only in
-  the order of independent accesses meet in one state.
-- direct hand-off: the running thread picks the next one itself, and continuing costs no
-  thread switch.
-
-A thread that polls and finds nothing to do calls `ctx.block()`: it sleeps until another
-thread stores, which keeps spin loops from making the search infinite. When every unfinished
-thread is blocked, the run is a deadlock. The runs themselves are in schedule.py.
+  the order of independent accesses meet in one state. An alternative whose first access
+  leads to a state already explored or queued is not queued at all.
+- polls that found nothing: a thread calls `ctx.block(since=ctx.checkpoint())` when its poll
+  stored nothing and changed none of its own state. Its state is then the one before the
+  poll, and it sleeps until another thread stores to a byte the poll loaded (any other store
+  would make it poll again and find nothing again). `ctx.block()` alone sleeps until any store.
+  When every unfinished thread is blocked, the run is a deadlock.
+- direct hand-off: the running thread picks the next one itself, continuing costs no thread
+  switch, and the threads are kept from one run to the next (schedule.py runs them).
 """
 
 from __future__ import annotations
