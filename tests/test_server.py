@@ -110,6 +110,11 @@ def test_stop_seed_and_token_prompts(client):
     ids = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3,
                                     temperature=0)
     assert ids.usage.prompt_tokens == 3
+    # max_tokens beyond the room the prompt leaves is clamped to it, as vLLM does
+    full = client.completions.create(model="tiny", prompt=[5] * 1000, max_tokens=100,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert full.usage.completion_tokens == 1024 - 1000
+    assert full.choices[0].finish_reason == "length"
 
 
 def test_models_health_metrics_and_api_key(server, client):

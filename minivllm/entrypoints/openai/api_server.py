@@ -12,7 +12,7 @@ Three behaviours come from vLLM:
   vllm/entrypoints/serve/utils/api_utils.py:53-108, for whole responses; for streams, Starlette's
   StreamingResponse listens for the disconnect itself and cancels the stream.
 - When the engine dies, /health answers 503 and a watchdog makes uvicorn exit (vLLM's
-  watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py:313-335);
+  watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py:314-335);
   streams in flight end with an error event.
 """
 
@@ -147,7 +147,7 @@ def build_app(engine: Any, served_model_names: list[str], api_key: str | None = 
 class NoSignalServer(uvicorn.Server):
     """uvicorn without its own signal handlers: after serving it re-raises a captured SIGTERM,
     which would kill the process before the engine is shut down. run_server installs its own
-    (vLLM does the same: vllm/entrypoints/launchers/launcher.py:47-60)."""
+    (vLLM does the same: vllm/entrypoints/launchers/launcher.py:47-71, capture_signals)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

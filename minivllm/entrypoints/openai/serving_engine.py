@@ -4,8 +4,9 @@
 Errors follow vLLM: a client's mistake is 400 BadRequestError with OpenAI's body
 `{"error": {"message", "type", "param", "code"}}`, an unknown model 404 NotFoundError, a dead
 engine 500 InternalServerError (and /health 503). In vLLM: create_error_response,
-vllm/entrypoints/serve/exception_handling/error_response.py:14-103; the context-length check,
-OpenAIServing._validate_input, vllm/entrypoints/openai/engine/serving.py.
+vllm/entrypoints/serve/exception_handling/error_response.py:14-104; the context-length check,
+vllm/renderers/params.py:537-551; max_tokens clamped to the room left,
+vllm/entrypoints/serve/utils/api_utils.py:234-271.
 """
 
 from __future__ import annotations
@@ -113,24 +114,23 @@ class OpenAIServing:
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None,
                      what: str = "messages") -> int:
-        """400 for a prompt the context cannot hold; returns max_tokens (default: the rest)."""
+        """400 for a prompt the context cannot hold or a max_tokens above the context; returns
+        max_tokens clamped to the room the prompt leaves, as vLLM's get_max_tokens does."""
         n = len(token_ids)
         if n == 0:
             raise OpenAIError("the prompt is empty", param="prompt")
         if n >= self.max_model_len:
             raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
-                              f"tokens. However, your request has {n} input tokens. Please "
-                              f"reduce the length of the input {what}.", param="input_tokens")
+                              f"tokens. However, your prompt contains {n} input tokens, which "
+                              f"leaves no room for output. Please reduce the length of the "
+                              f"input {what}.", param="input_tokens")
+        if max_tokens is not None and max_tokens > self.max_model_len:
+            raise OpenAIError(f"max_tokens is {max_tokens}, more than this model's context of "
+                              f"{self.max_model_len} tokens", param="max_tokens")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise OpenAIError(f"token ids must be in [0, {self.vocab_size})", param="prompt")
-        if max_tokens is None:
-            return self.max_model_len - n
-        if n + max_tokens > self.max_model_len:
-            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
-                              f"tokens. However, you requested {n + max_tokens} tokens ({n} in "
-                              f"the {what}, {max_tokens} in the completion). Please reduce the "
-                              f"length of the {what} or completion.", param="max_tokens")
-        return max_tokens
+        room = self.max_model_len - n
+        return room if max_tokens is None else min(max_tokens, room)
 
     @staticmethod
     def sampling_params(request: SamplingFields, max_tokens: int, choice: int) -> SamplingParams:
