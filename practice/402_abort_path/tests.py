@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 402. Each receives the learner's module as `ea`.
+"""The judge's tests for exercise 402. Each receives the learner's module as `impl`.
 
 The judge plays the front end: a ROUTER that the engine's input thread connects to, and a PULL
 for its outputs, both real ZMQ sockets. The model is the judge's: it can hold a chosen step
@@ -16,10 +16,10 @@ import time
 import msgspec
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
-WAIT_S = 5.0  # anything between threads or processes on one host that takes this long is lost
+WAIT_S = scaled(5.0)  # anything between threads or processes on one host that takes this long is lost
 QUIET_S = 0.3  # how long a test listens where nothing should arrive
 ID = b"\x00\x00"
 
@@ -52,8 +52,8 @@ class GatedModel:
 class Harness:
     """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
 
-    def __init__(self, ea, model, num_blocks):
-        self.ea, self.model = ea, model
+    def __init__(self, impl, model, num_blocks):
+        self.impl, self.model = impl, model
         self.ctx, self.d = zmq.Context(), IpcDir()
         self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
         for s in (self.router, self.pull):
@@ -63,7 +63,7 @@ class Harness:
         self.tokens: dict[str, list[int]] = {}
         self.reasons: dict[str, list] = {}
         self.finished: list[str] = []
-        self.engine = ea.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
+        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
         self.loop = threading.Thread(target=self.engine.run_busy_loop, daemon=True)
         self.loop.start()
         if not self.router.poll(int(WAIT_S * 1000)):
@@ -145,8 +145,8 @@ def _expect_tokens(h, rid, prompt_len, n):
 
 
 @test(input="ADD r0 (prompt 3 tokens, max_tokens 5); 8 blocks of 4 tokens")
-def generates_and_finishes(ea):
-    with Harness(ea, GatedModel(), 8) as h:
+def generates_and_finishes(impl):
+    with Harness(impl, GatedModel(), 8) as h:
         h.add("r0", 3, 5)
         h.collect(lambda: "r0" in h.finished, "r0 to finish")
         _expect_tokens(h, "r0", 3, 5)
@@ -157,9 +157,9 @@ def generates_and_finishes(ea):
 
 
 @test(input="the model holds step 1 (r0); meanwhile ADD r1 and ABORT ['x'] arrive")
-def input_thread_decodes_while_busy(ea):
+def input_thread_decodes_while_busy(impl):
     model = GatedModel(lambda n, batch: n == 1)
-    with Harness(ea, model, 8) as h:
+    with Harness(impl, model, 8) as h:
         h.add("r0", 2, 3)
         model.wait_entered()
         h.add("r1", 2, 2)
@@ -175,9 +175,9 @@ def input_thread_decodes_while_busy(ea):
 
 @test(input="r0 (max 10) and r1 (max 4) run; the model holds the step where r0 has 2 tokens; "
             "ABORT ['r0'] arrives during it; the model returns a token for r0 all the same")
-def abort_during_execute(ea):
+def abort_during_execute(impl):
     model = GatedModel(lambda n, batch: batch.get("r0") == 4)  # r0 has 2 of its tokens
-    with Harness(ea, model, 8) as h:
+    with Harness(impl, model, 8) as h:
         h.add("r0", 2, 10)
         h.add("r1", 2, 4)
         model.wait_entered()
@@ -202,9 +202,9 @@ def abort_during_execute(ea):
 
 @test(input="the model holds step 1 (r0, max_tokens 2); ADD r1 and ABORT ['r1'] arrive, in that "
             "order, during it")
-def abort_right_after_add(ea):
+def abort_right_after_add(impl):
     model = GatedModel(lambda n, batch: n == 1)
-    with Harness(ea, model, 8) as h:
+    with Harness(impl, model, 8) as h:
         h.add("r0", 2, 2)
         model.wait_entered()
         h.add("r1", 2, 5)
@@ -225,9 +225,9 @@ def abort_right_after_add(ea):
 
 @test(input="3 blocks; r0 takes all 3; r1 waits for blocks; during r0's step 2: ABORT "
             "['r1', 'ghost'] and ABORT ['r1']; after r0 finished: ABORT ['r0']")
-def abort_waiting_is_idempotent(ea):
+def abort_waiting_is_idempotent(impl):
     model = GatedModel(lambda n, batch: n == 2)
-    with Harness(ea, model, 3) as h:
+    with Harness(impl, model, 3) as h:
         h.add("r0", 4, 8)
         h.add("r1", 1, 2)
         model.wait_entered()
@@ -248,10 +248,10 @@ def abort_waiting_is_idempotent(ea):
 
 
 @test(input="an engine with one finished request; [b'SHUTDOWN']")
-def shutdown_joins_threads(ea):
+def shutdown_joins_threads(impl):
     before_threads = set(threading.enumerate())
     before_fds = len(os.listdir("/proc/self/fd"))
-    h = Harness(ea, GatedModel(), 4)
+    h = Harness(impl, GatedModel(), 4)
     try:
         h.add("r0", 1, 2)
         h.collect(lambda: "r0" in h.finished, "r0 to finish")
@@ -273,7 +273,7 @@ def shutdown_joins_threads(ea):
 
 @test(input="serve() in a process; 24 requests (prompt 1..6, max_tokens 1..8), every 4th aborted "
             "right after its ADD; then SHUTDOWN", timeout=40)
-def engine_process(ea):
+def engine_process(impl):
     with IpcDir() as d:
         ctx = zmq.Context()
         router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
@@ -281,7 +281,7 @@ def engine_process(ea):
             s.setsockopt(zmq.LINGER, 0)
         router.bind(d.path("in"))
         pull.bind(d.path("out"))
-        code = (f"import {ea.__name__} as m; "
+        code = (f"import {impl.__name__} as m; "
                 f"m.serve({d.path('in')!r}, {d.path('out')!r}, 64)")
         proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
         try:

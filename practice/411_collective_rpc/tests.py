@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 411. Each receives the learner's module as `ex`.
+"""The judge's tests for exercise 411. Each receives the learner's module as `impl`.
 
 Workers are real processes. The first test runs the learner's worker_main in a process the
 judge starts, with the judge's queues; the rest drive the learner's Executor. Times are
@@ -15,10 +15,10 @@ import signal
 import threading
 import time
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
 QUIET_S = 0.5  # how long the judge waits where no reply should come
-DETECT_S = 3.0  # a dead worker noticed later than this was not watched (the goal is < 1 s)
+WAIT_S = scaled(20.0)  # a reply or a process start that takes this long is lost
 
 
 def _raises(fn, exc_type, must_contain, what):
@@ -39,8 +39,8 @@ def _raises(fn, exc_type, must_contain, what):
 class Running:
     """An Executor that is shut down whatever the test did."""
 
-    def __init__(self, ex, n):
-        self.executor = ex.Executor(n)
+    def __init__(self, impl, n):
+        self.executor = impl.Executor(n)
 
     def __enter__(self):
         return self.executor
@@ -50,19 +50,19 @@ class Running:
 
 
 @test(input="worker_main(3, ...) in a process: rank, echo, boom on rank 3, a reply only for "
-            "output_rank 1 (none) and 3, an unknown method, then None", timeout=20)
-def worker_loop(ex):
+            "output_rank 1 (none) and 3, an unknown method, then None", timeout=WAIT_S)
+def worker_loop(impl):
     stop_at_once = queue.Queue()
     stop_at_once.put(None)
-    ex.worker_main(0, stop_at_once, queue.Queue())  # returns at None (here, in this process)
+    impl.worker_main(0, stop_at_once, queue.Queue())  # returns at None (here, in this process)
     ctx = mp.get_context("fork")
     requests, replies = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=ex.worker_main, args=(3, requests, replies))
+    proc = ctx.Process(target=impl.worker_main, args=(3, requests, replies))
     proc.start()
     try:
         def call(request, what):
             requests.put(request)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
                 try:
                     return replies.get(timeout=0.1)
@@ -70,7 +70,7 @@ def worker_loop(ex):
                     if not proc.is_alive():
                         raise Fail(f"the worker process exited (code {proc.exitcode}) instead of "
                                    f"replying to {request} ({what})") from None
-            raise Fail(f"no reply to {request} within 10 s ({what})")
+            raise Fail(f"no reply to {request} within {WAIT_S:g} s ({what})")
         check_equal(call((1, "get_rank", (), None), "rank"), (1, 3, "ok", 3),
                     "the reply to (1, 'get_rank', (), None): (call_id, rank, status, result)")
         check_equal(call((2, "echo", ({"a": [1]},), None), "echo"), (2, 3, "ok", {"a": [1]}),
@@ -95,7 +95,7 @@ def worker_loop(ex):
             raise Fail("an unknown method: reply 'error' with the AttributeError",
                        expected=(6, 3, "error", "AttributeError: ..."), got=reply)
         requests.put(None)
-        proc.join(10)
+        proc.join(WAIT_S)
         check_equal(proc.exitcode, 0, "worker_main's exit code after None")
     finally:
         if proc.is_alive():
@@ -105,8 +105,8 @@ def worker_loop(ex):
 
 @test(input="Executor(3): get_rank; echo; sleep [0.4, 0.2, 0] (replies out of order); "
             "get_rank with output_rank=1", timeout=40)
-def gathers_in_rank_order(ex):
-    with Running(ex, 3) as e:
+def gathers_in_rank_order(impl):
+    with Running(impl, 3) as e:
         check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank')")
         check_equal(e.collective_rpc("echo", ("x",)), ["x", "x", "x"],
                     "collective_rpc('echo', ('x',))")
@@ -119,20 +119,20 @@ def gathers_in_rank_order(ex):
 
 
 @test(input="Executor(3): boom on rank 1; then get_rank", timeout=40)
-def error_names_the_worker(ex):
-    with Running(ex, 3) as e:
-        _raises(lambda: e.collective_rpc("boom", (1,), timeout=20), RuntimeError,
+def error_names_the_worker(impl):
+    with Running(impl, 3) as e:
+        _raises(lambda: e.collective_rpc("boom", (1,), timeout=WAIT_S), RuntimeError,
                 ["worker 1", "ValueError", "boom"], "collective_rpc('boom', (1,)) (rank 1 raises)")
-        check_equal(e.collective_rpc("get_rank", timeout=20), [0, 1, 2],
+        check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
                     "collective_rpc('get_rank') after the failed call (the replies of ranks 0 "
                     "and 2 to it must not answer this one)")
 
 
 @test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then get_rank; sleep "
             "[0.4, 0.4, 0.4] with timeout=5", timeout=40)
-def one_deadline(ex):
-    with Running(ex, 3) as e:
-        e.collective_rpc("get_rank", timeout=20)  # the workers are up
+def one_deadline(impl):
+    with Running(impl, 3) as e:
+        e.collective_rpc("get_rank", timeout=WAIT_S)  # the workers are up
         what = ("sleep [1.0, 2.0, 3.0] with timeout=2.5 (one deadline for the whole call, not a "
                 "fresh timeout per worker)")
         message = _raises(lambda: e.collective_rpc("sleep", ([1.0, 2.0, 3.0],), timeout=2.5),
@@ -141,51 +141,42 @@ def one_deadline(ex):
             raise Fail(f"{what}: the TimeoutError must name the worker that did not answer",
                        expected="... worker 2 ...", got=message)
         time.sleep(1.0)  # worker 2's late reply has arrived by now
-        check_equal(e.collective_rpc("get_rank", timeout=20), [0, 1, 2],
+        check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
                     "collective_rpc('get_rank') after the timed-out call (worker 2's late "
                     "'slept 3.0' must not be taken as this call's answer)")
         check_equal(e.collective_rpc("sleep", ([0.4, 0.4, 0.4],), timeout=5), ["slept 0.4"] * 3,
                     "sleep [0.4, 0.4, 0.4] with timeout=5")
 
 
-@test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 2 s, timeout=60; "
-            "then get_rank", timeout=25,
-      hang="a call waited for a worker that had died: watch the workers' sentinels.")
-def death_fails_pending_call(ex):
-    with Running(ex, 3) as e:
-        e.collective_rpc("get_rank", timeout=20)
-        start = time.monotonic()
-        _raises(lambda: e.collective_rpc("die", (1, 3, 2.0), timeout=60), RuntimeError,
-                ["worker 1", "3"], "a call during which worker 1 exits with code 3")
-        took = time.monotonic() - start
-        if took > DETECT_S:
-            raise Fail(f"the pending call failed {took:.1f} s after worker 1 died: a monitor "
-                       "waiting on the process sentinels fails it within a second",
-                       expected=f"< {DETECT_S:g} s", got=f"{took:.1f} s")
-        _raises(lambda: e.collective_rpc("get_rank", timeout=60), RuntimeError, ["worker 1"],
+@test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 2 s, no timeout; "
+            "then get_rank", timeout=30,
+      hang="a call without a timeout waited for a worker that had died: the monitor must set "
+           "`failed`, and a waiting call must look at it between short waits.")
+def death_fails_pending_call(impl):
+    with Running(impl, 3) as e:
+        e.collective_rpc("get_rank", timeout=WAIT_S)
+        _raises(lambda: e.collective_rpc("die", (1, 3, 2.0)), RuntimeError, ["worker 1", "3"],
+                "a call (no timeout) during which worker 1 exits with code 3")
+        _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError, ["worker 1"],
                 "collective_rpc after a worker died (the executor has failed)")
 
 
-@test(input="Executor(2): SIGKILL worker 0 while idle; then get_rank with timeout=60", timeout=40)
-def death_while_idle(ex):
-    with Running(ex, 2) as e:
-        e.collective_rpc("get_rank", timeout=20)
+@test(input="Executor(2): SIGKILL worker 0 while idle; then get_rank with no timeout", timeout=30,
+      hang="a call without a timeout waited for a worker that had died: watch the sentinels.")
+def death_while_idle(impl):
+    with Running(impl, 2) as e:
+        e.collective_rpc("get_rank", timeout=WAIT_S)
         os.kill(e.procs[0].pid, signal.SIGKILL)
-        start = time.monotonic()
-        _raises(lambda: e.collective_rpc("get_rank", timeout=60), RuntimeError,
-                ["worker 0", "-9"], "a call after worker 0 was killed with SIGKILL")
-        took = time.monotonic() - start
-        if took > DETECT_S:
-            raise Fail(f"the call failed only after {took:.1f} s", expected=f"< {DETECT_S:g} s",
-                       got=f"{took:.1f} s")
+        _raises(lambda: e.collective_rpc("get_rank"), RuntimeError, ["worker 0", "-9"],
+                "a call after worker 0 was killed with SIGKILL")
 
 
 @test(input="Executor(3): get_rank; shutdown(); shutdown() again; then get_rank", timeout=40)
-def shutdown_is_clean(ex):
+def shutdown_is_clean(impl):
     before = set(threading.enumerate())
-    e = ex.Executor(3)
+    e = impl.Executor(3)
     try:
-        e.collective_rpc("get_rank", timeout=20)
+        e.collective_rpc("get_rank", timeout=WAIT_S)
     finally:
         e.shutdown()
     e.shutdown()

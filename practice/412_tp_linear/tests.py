@@ -1,4 +1,4 @@
-"""The judge's tests for exercise 412. Each receives the learner's module as `tp`.
+"""The judge's tests for exercise 412. Each receives the learner's module as `impl`.
 
 The first test is plain tensor slicing, in this process. The others start `world_size` real
 processes (forked), each joins a gloo group through the learner's init_tp, runs the learner's
@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
-WAIT_S = 30.0  # a rank that has not answered in this long is stuck in a collective
+WAIT_S = scaled(30.0)  # a rank that has not answered in this long is stuck in a collective
 IN, HIDDEN, OUT, BATCH = 6, 12, 4, 3
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "broadcast", "all_to_all")
@@ -34,10 +34,10 @@ def tensors(seed=412):
             "w2": r(OUT, HIDDEN), "b2": r(OUT) * 10}
 
 
-def _rank_main(tp, rank, world_size, path, job, results):
+def _rank_main(impl, rank, world_size, path, job, results):
     torch.set_num_threads(1)
     try:
-        tp.init_tp(rank, world_size, path)
+        impl.init_tp(rank, world_size, path)
         counts = {name: 0 for name in COLLECTIVES}
         for name in COLLECTIVES:  # count the learner's collectives (they still run)
             real = getattr(dist, name)
@@ -46,7 +46,7 @@ def _rank_main(tp, rank, world_size, path, job, results):
                 counts[_name] += 1
                 return _real(*a, **k)
             setattr(dist, name, counted)
-        out = job(tp, rank, world_size, tensors())
+        out = job(impl, rank, world_size, tensors())
         results.put((rank, "ok", (out, counts)))
     except NotImplementedError as e:
         results.put((rank, "todo", str(e)))
@@ -57,14 +57,14 @@ def _rank_main(tp, rank, world_size, path, job, results):
             dist.destroy_process_group()
 
 
-def run_ranks(tp, world_size, job):
-    """Run job(tp, rank, world_size, tensors) on world_size gloo ranks; [(output, counts)]."""
+def run_ranks(impl, world_size, job):
+    """Run job(impl, rank, world_size, tensors) on world_size gloo ranks; [(output, counts)]."""
     torch.set_num_threads(1)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     d = tempfile.mkdtemp()
     path = os.path.join(d, "rendezvous")
-    procs = [ctx.Process(target=_rank_main, args=(tp, r, world_size, path, job, results))
+    procs = [ctx.Process(target=_rank_main, args=(impl, r, world_size, path, job, results))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -107,13 +107,13 @@ def _close(got, want, what):
 
 # --- the tests -------------------------------------------------------------------------------
 @test(input="a (12, 6) weight and a (12,) bias; world sizes 2 and 3; then world size 5")
-def shards(tp):
+def shards(impl):
     t = tensors()
     w, b = t["w"], t["b"]
     for ws in (2, 3):
         per_out, per_in = HIDDEN // ws, IN // ws
         for r in range(ws):
-            cw, cb = tp.column_shard(w, b, r, ws)
+            cw, cb = impl.column_shard(w, b, r, ws)
             if cw.shape != (per_out, IN) or not torch.equal(cw, w[r * per_out:(r + 1) * per_out]):
                 raise Fail(f"column_shard(w, b, {r}, {ws}): a column-parallel rank holds rows "
                            f"{r * per_out}..{(r + 1) * per_out - 1} of the (out, in) weight (its "
@@ -121,13 +121,13 @@ def shards(tp):
                                                               .shape), got=tuple(cw.shape))
             check_equal(cb.tolist(), b[r * per_out:(r + 1) * per_out].tolist(),
                         f"the bias slice of column_shard(w, b, {r}, {ws})")
-            rw = tp.row_shard(w, r, ws)
+            rw = impl.row_shard(w, r, ws)
             if rw.shape != (HIDDEN, per_in) or not torch.equal(rw, w[:, r * per_in:(r + 1) * per_in]):
                 raise Fail(f"row_shard(w, {r}, {ws}): a row-parallel rank holds columns "
                            f"{r * per_in}..{(r + 1) * per_in - 1} of the (out, in) weight (its "
                            "input features)", expected=(HIDDEN, per_in), got=tuple(rw.shape))
-        check_equal(tp.column_shard(w, None, 0, ws)[1], None, "column_shard with bias None")
-    for call in (lambda: tp.column_shard(w, b, 0, 5), lambda: tp.row_shard(w, 0, 5)):
+        check_equal(impl.column_shard(w, None, 0, ws)[1], None, "column_shard with bias None")
+    for call in (lambda: impl.column_shard(w, b, 0, 5), lambda: impl.row_shard(w, 0, 5)):
         try:
             got = call()
         except ValueError:
@@ -137,32 +137,32 @@ def shards(tp):
                    else tuple(got.shape))
 
 
-def _all_reduce_job(tp, rank, ws, t):
+def _all_reduce_job(impl, rank, ws, t):
     v = torch.tensor([float(rank + 1)])
     dist.all_reduce(v)
     return [dist.get_rank(), dist.get_world_size(), v.item()]
 
 
 @test(input="init_tp(rank, 3, file) in 3 processes; then an all-reduce of rank + 1", timeout=60)
-def group_of_three(tp):
-    got = [out for out, _ in run_ranks(tp, 3, _all_reduce_job)]
+def group_of_three(impl):
+    got = [out for out, _ in run_ranks(impl, 3, _all_reduce_job)]
     check_equal(got, [[0, 3, 6.0], [1, 3, 6.0], [2, 3, 6.0]],
                 "[rank, world size, all-reduce of rank + 1] on each rank")
 
 
-def _column_job(tp, rank, ws, t):
-    w, b = tp.column_shard(t["w"], t["b"], rank, ws)
-    return [tp.column_parallel_linear(t["x"], w, b, gather_output=False).tolist(),
-            tp.column_parallel_linear(t["x"], w, b, gather_output=True).tolist()]
+def _column_job(impl, rank, ws, t):
+    w, b = impl.column_shard(t["w"], t["b"], rank, ws)
+    return [impl.column_parallel_linear(t["x"], w, b, gather_output=False).tolist(),
+            impl.column_parallel_linear(t["x"], w, b, gather_output=True).tolist()]
 
 
 @test(input="column_parallel_linear on 2 and on 3 ranks, gather_output False and True", timeout=60)
-def column_parallel(tp):
+def column_parallel(impl):
     t = tensors()
     full = F.linear(t["x"], t["w"], t["b"])
     for ws in (2, 3):
         per = HIDDEN // ws
-        for rank, (out, _) in enumerate(run_ranks(tp, ws, _column_job)):
+        for rank, (out, _) in enumerate(run_ranks(impl, ws, _column_job)):
             local, gathered = out
             _close(local, full[:, rank * per:(rank + 1) * per],
                    f"rank {rank} of {ws}, gather_output=False: its slice of the output features")
@@ -170,21 +170,21 @@ def column_parallel(tp):
                                    "all-gathered and joined along the last dimension")
 
 
-def _row_job(tp, rank, ws, t):
-    w = tp.row_shard(t["w"], rank, ws)
+def _row_job(impl, rank, ws, t):
+    w = impl.row_shard(t["w"], rank, ws)
     per = IN // ws
     x_part = t["x"][:, rank * per:(rank + 1) * per]
-    return [tp.row_parallel_linear(t["x"], w, t["b"], input_is_parallel=False).tolist(),
-            tp.row_parallel_linear(x_part, w, t["b"], input_is_parallel=True).tolist()]
+    return [impl.row_parallel_linear(t["x"], w, t["b"], input_is_parallel=False).tolist(),
+            impl.row_parallel_linear(x_part, w, t["b"], input_is_parallel=True).tolist()]
 
 
 @test(input="row_parallel_linear on 2 and on 3 ranks, input_is_parallel False and True "
             "(the bias is 10x the weights' scale)", timeout=60)
-def row_parallel(tp):
+def row_parallel(impl):
     t = tensors()
     full = F.linear(t["x"], t["w"], t["b"])
     for ws in (2, 3):
-        for rank, (out, _) in enumerate(run_ranks(tp, ws, _row_job)):
+        for rank, (out, _) in enumerate(run_ranks(impl, ws, _row_job)):
             for got, how in zip(out, ("input_is_parallel=False", "input_is_parallel=True")):
                 g = torch.tensor(got, dtype=torch.float64)
                 if g.shape == full.shape and torch.allclose(g, full + (ws - 1) * t["b"]):
@@ -193,16 +193,16 @@ def row_parallel(tp):
                 _close(g, full, f"rank {rank} of {ws}, {how}: the all-reduced output")
 
 
-def _mlp_job(tp, rank, ws, t):
-    return tp.parallel_mlp(t["x"], t["w"], t["b"], t["w2"], t["b2"], rank, ws).tolist()
+def _mlp_job(impl, rank, ws, t):
+    return impl.parallel_mlp(t["x"], t["w"], t["b"], t["w2"], t["b2"], rank, ws).tolist()
 
 
 @test(input="parallel_mlp on 2 and on 3 ranks: relu(x W1^T + b1) W2^T + b2", timeout=60)
-def mlp_one_all_reduce(tp):
+def mlp_one_all_reduce(impl):
     t = tensors()
     full = F.linear(F.relu(F.linear(t["x"], t["w"], t["b"])), t["w2"], t["b2"])
     for ws in (2, 3):
-        for rank, (out, counts) in enumerate(run_ranks(tp, ws, _mlp_job)):
+        for rank, (out, counts) in enumerate(run_ranks(impl, ws, _mlp_job)):
             _close(out, full, f"rank {rank} of {ws}: parallel_mlp")
             used = {k: v for k, v in counts.items() if v}
             if used != {"all_reduce": 1}:
