@@ -1,0 +1,195 @@
+"""The judge's tests for exercise 421. Each receives the learner's module as `impl`.
+
+The tokenizer is the project's (SmolLM2's byte-level BPE). The judge's oracle for what may be
+sent after each token is Python's own incremental UTF-8 decoder run over the token bytes: every
+complete character at once, nothing incomplete, U+FFFD as soon as bytes can no longer become a
+character. The SSE test sends the learner's events through a real socket pair and parses them
+with the judge's own reader, a few bytes per recv().
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import socket
+import threading
+
+from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.model.loader import default_model_path
+from minivllm.tokenizer import Tokenizer
+
+WAIT_S = scaled(10.0)  # a socket read that waits this long has lost its data
+TEXTS = ["plain ascii, nothing to wait for", "héllo wörld, naïve café", "東京タワー 🤗🚀",
+         "a 👩‍👩‍👧 family\n", "a real \ufffd in the text"]
+_tok = None
+
+
+def tok() -> Tokenizer:
+    global _tok
+    if _tok is None:
+        _tok = Tokenizer.from_path(default_model_path())
+    return _tok
+
+
+def byte_ids(*data: bytes) -> list[int]:
+    """The token ids of single bytes (every byte has one in a byte-level vocabulary)."""
+    return [tok().backend.token_to_id(_byte_char(b)) for chunk in data for b in chunk]
+
+
+def _byte_char(b: int) -> str:
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    if b in printable:
+        return chr(b)
+    return chr(256 + [x for x in range(256) if x not in printable].index(b))
+
+
+def oracle(impl, ids_so_far: list[int], skip=True) -> str:
+    """What may have been sent after these tokens: the incremental decoder over their bytes."""
+    t = tok()
+    data = b"".join(impl.token_bytes(t, i) for i in ids_so_far
+                    if not (skip and impl.is_special(t, i)))
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(data)
+
+
+def replay(impl, ids, what, skip=True, batch=1):
+    """Push ids `batch` at a time; after each push the text so far must be the oracle's."""
+    d = impl.IncrementalDetokenizer(tok(), skip_special_tokens=skip)
+    sent = ""
+    for i in range(0, len(ids), batch):
+        piece = d.push(ids[i:i + batch])
+        if not isinstance(piece, str):
+            raise Fail("push() must return a str", got=type(piece).__name__)
+        sent += piece
+        want = oracle(impl, ids[:i + batch], skip)
+        if sent != want:
+            if want.startswith(sent):
+                problem = ("complete characters were held back (send each one as soon as its "
+                           "last byte arrived)")
+            elif sent.startswith(want) and "\ufffd" in sent[len(want):]:
+                problem = ("a broken character was sent (bytes of one character came out as "
+                           "U+FFFD before its last byte arrived)")
+            else:
+                problem = ("the text sent is not the decoding of the bytes so far (U+FFFD only "
+                           "for bytes that can never become a character; special tokens add "
+                           "nothing when skip_special_tokens=True)")
+            raise Fail(f"{what}: after token {i + batch} of {len(ids)}, {problem}",
+                       expected=want, got=sent, input=f"token ids {ids}")
+    return sent + d.flush()
+
+
+@test(input="each text of: " + " | ".join(repr(t) for t in TEXTS) + ", one token per push")
+def one_token_at_a_time(impl):
+    for text in TEXTS:
+        ids = tok().encode(text)
+        check_equal(replay(impl, ids, repr(text)), text,
+                    f"everything sent for {text!r}, flush() included")
+
+
+@test(input="the same texts, 3 tokens per push")
+def batches_of_three(impl):
+    for text in TEXTS:
+        ids = tok().encode(text)
+        check_equal(replay(impl, ids, repr(text), batch=3), text,
+                    f"everything sent for {text!r}, 3 tokens per push")
+
+
+@test(input="byte tokens: E6 9D then 'a' (a cut-off character); 'x' 80 'y' (a stray byte); "
+            "'z' F0 9F at the end of the stream")
+def invalid_bytes(impl):
+    cases = [((b"\xe6\x9d", b"a"), "\ufffda"), ((b"x", b"\x80", b"y"), "x\ufffdy"),
+             ((b"z", b"\xf0\x9f"), "z\ufffd")]
+    for parts, want in cases:
+        ids = byte_ids(*parts)
+        got = replay(impl, ids, f"bytes {b''.join(parts)!r}")
+        check_equal(got, want, f"everything sent for the bytes {b''.join(parts)!r} (bytes "
+                               "that cannot become a character are sent as U+FFFD, once that "
+                               "is known; flush() turns an unfinished tail into U+FFFD)")
+
+
+@test(input="'ok<|im_end|>' with skip_special_tokens True and False; <|im_end|> between the "
+            "two halves of 'é'")
+def special_tokens(impl):
+    t = tok()
+    end = t.eos_token_id
+    ids = t.encode("ok") + [end]
+    check_equal(replay(impl, ids, "ok<|im_end|>", skip=True), "ok",
+                "the text of 'ok' + <|im_end|> with skip_special_tokens=True")
+    check_equal(replay(impl, ids, "ok<|im_end|>", skip=False), "ok<|im_end|>",
+                "the text of 'ok' + <|im_end|> with skip_special_tokens=False")
+    split = byte_ids(b"\xc3") + [end] + byte_ids(b"\xa9")
+    check_equal(replay(impl, split, "C3 <|im_end|> A9", skip=True), "é",
+                "C3, <|im_end|>, A9 with skip_special_tokens=True (the skipped token is not "
+                "there: the two bytes meet)")
+
+
+def read_events(sock) -> list[bytes]:
+    """The judge's SSE reader: 5 bytes per recv, events split at a blank line."""
+    buf, events = b"", []
+    sock.settimeout(WAIT_S)
+    while True:
+        try:
+            chunk = sock.recv(5)
+        except socket.timeout:
+            raise Fail(f"no bytes for {WAIT_S:g} s and no end of stream", got=events) from None
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            events.append(event)
+    if buf:
+        raise Fail("the stream ended inside an event (each ends with a blank line, '\\n\\n')",
+                   got=buf)
+    return events
+
+
+@test(input="stream_completion(tok, 'cmpl-7', one batch per token of 'Zürich → 東京 🤗\\n"
+            "line two', finish_reason='stop'), sent on a socket pair, read 5 bytes per recv")
+def sse_wire(impl):
+    text = "Zürich → 東京 🤗\nline two"
+    ids = tok().encode(text)
+    a, b = socket.socketpair()
+    yielded: list[bytes] = []
+
+    def send():
+        try:
+            for event in impl.stream_completion(tok(), "cmpl-7", [[i] for i in ids], "stop"):
+                yielded.append(event)
+                a.sendall(event)
+        finally:
+            a.close()
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    try:
+        events = read_events(b)
+    finally:
+        b.close()
+        t.join(WAIT_S)
+    bad = [e for e in yielded if not e.endswith(b"\n\n") or e.count(b"\n\n") != 1]
+    if bad:
+        raise Fail("each item stream_completion yields is exactly one event ending in '\\n\\n'",
+                   got=bad[0])
+    check_equal(events[-1:], [b"data: [DONE]"], "the last event")
+    texts, reasons = [], []
+    for raw in events[:-1]:
+        if not raw.startswith(b"data: ") or b"\n" in raw:
+            raise Fail("an event is one line 'data: <json>' (a newline in the text must stay "
+                       "inside the JSON string, escaped)", got=raw)
+        try:
+            body = json.loads(raw[6:].decode("utf-8"))  # strict: a split character fails here
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise Fail("an event's data is not valid UTF-8 JSON", got=f"{raw!r}: {e}") from None
+        check_equal((body.get("id"), body.get("object")), ("cmpl-7", "text_completion"),
+                    "an event's (id, object)")
+        choice = body["choices"][0]
+        texts.append(choice["text"])
+        reasons.append(choice["finish_reason"])
+    check_equal("".join(texts), text, "the texts of the events, joined")
+    if "\ufffd" in "".join(texts):
+        raise Fail("an event holds U+FFFD: a character was sent in pieces", got=texts)
+    check_equal(reasons[-1], "stop", "finish_reason of the last data event")
+    check_equal(set(reasons[:-1]), {None}, "finish_reason of the events before the last")
+    empty = [i for i, x in enumerate(texts[:-1]) if not x]
+    check_equal(empty, [], "positions of events with empty text before the last (a token that "
+                           "completes no character sends no event)")
