@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
                                    write_json)
+from minivllm.bench.executor import executor_rows
 from minivllm.bench.load import LoadMeter
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import InprocClient
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios[f"wire_flat_vs_lists_b{top}"] = round(by[(top, "flat array per step")]
                                                  / by[(top, "lists (minivllm)")], 2)
     ratios["load_others_cores"] = round(load.others_cores(load.own_cpu_s + engine_cpu) or 0, 2)
+    wire += executor_rows(config, top, steps, rounds, ratios)  # bench/executor.py
     print("ratios:", ratios)
     write_json(args.json, "overhead", results + wire, ratios,
                machine={"loadavg_1min": round(load.load_before, 2)})
