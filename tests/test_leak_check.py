@@ -12,7 +12,7 @@ from multiprocessing import shared_memory
 import psutil
 
 from minivllm.utils.leaks import Snapshot
-from minivllm.utils.resource_names import ipc_path, resource_prefix, shm_name
+from minivllm.utils.resource_names import resource_prefix, shm_name, unique_name
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -86,7 +86,7 @@ def test_catches_an_ipc_socket_file():
 
 def test_catches_a_prefixed_socket_outside_the_private_dir():
     root = os.path.dirname(tempfile.gettempdir())  # the machine's /tmp, shared with others
-    path = os.path.join(root, os.path.basename(ipc_path("leak")))
+    path = os.path.join(root, unique_name("leak"))  # a hard-coded path, but with the prefix
     snap = Snapshot(socket_roots=[(root, 1)])
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(path)
@@ -123,4 +123,4 @@ def test_clean_code_reports_nothing():
 
 def test_names_carry_the_prefix():
     assert shm_name("ring").startswith(resource_prefix() + "-ring-")
-    assert ipc_path("mq").startswith(os.path.join(tempfile.gettempdir(), resource_prefix() + "-mq-"))
+    assert unique_name("mq").startswith(resource_prefix() + "-mq-")

@@ -1,11 +1,11 @@
-"""Names for what minivllm creates outside its own memory: /dev/shm segments, ipc:// socket
-files and private directories.
+"""Names for what minivllm creates outside its own memory: /dev/shm segments and private
+directories (where its ipc:// socket files live: utils/run_dir.py, utils/zmq.py).
 
 Every such name starts with one prefix, taken from the environment variable
 MINIVLLM_RESOURCE_PREFIX ("minivllm" when unset), then a tag and a random part:
 
     /dev/shm/minivllm-ring-3f9a0c1b2d4e          shm_name("ring")
-    $TMPDIR/minivllm-mq-77c1e0a9b3f2             ipc_path("mq")
+    $TMPDIR/minivllm-run4242-x8k2/               private_dir("run4242")
 
 The test suite and the judge give each test its own prefix (and its own TMPDIR), so a leak
 check can tell what the test made from what another program on the machine made at the same
@@ -29,23 +29,14 @@ def resource_prefix() -> str:
     return os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX
 
 
-def _name(tag: str) -> str:
+def unique_name(tag: str) -> str:
+    """prefix-tag-random: a fresh name that the leak checks attribute to this prefix."""
     return f"{resource_prefix()}-{tag}-{secrets.token_hex(RANDOM_HEX // 2)}"
 
 
 def shm_name(tag: str) -> str:
     """A fresh /dev/shm segment name (no leading slash), for SharedMemory(name=..., create=True)."""
-    return _name(tag)
-
-
-def ipc_path(tag: str) -> str:
-    """A fresh path for a Unix socket file in the temp dir ($TMPDIR)."""
-    return os.path.join(tempfile.gettempdir(), _name(tag))
-
-
-def ipc_address(tag: str) -> str:
-    """ipc_path as a ZMQ endpoint."""
-    return "ipc://" + ipc_path(tag)
+    return unique_name(tag)
 
 
 def private_dir(tag: str) -> str:
@@ -61,4 +52,4 @@ def has_prefix(name: str, prefix: str) -> bool:
 def name_default_segments() -> None:
     """Make SharedMemory(create=True) without a name use the prefix too, in this process and
     the processes it forks (the test suite and the judge call this; plain code need not)."""
-    shared_memory._make_filename = lambda: "/" + _name("psm")
+    shared_memory._make_filename = lambda: "/" + unique_name("psm")
