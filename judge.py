@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--check", action="store_true",
                         help="authors: the solution passes, the starter and every variant fail")
+    parser.add_argument("--in-engine", action="store_true",
+                        help="213 only: run your ring under a TP=3 engine (minivllm/judge/in_engine.py)")
     args = parser.parse_args(argv)
     if args.number is None:
         return list_exercises()
@@ -125,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.exit(2, f"judge.py: cannot write --json {args.json}: the folder "
                        f"{Path(args.json).resolve().parent} does not exist\n")
+    if args.in_engine:
+        if ex.number != "213":
+            parser.exit(2, "judge.py: --in-engine grades exercise 213's ring buffer only\n")
+        from minivllm.judge import in_engine
+        return 0 if in_engine.grade(str(path)) else 1
     if args.watch:
         return watch(ex, path, args)
     return 0 if grade_once(ex, path, args) else 1
