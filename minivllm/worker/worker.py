@@ -10,6 +10,7 @@ Every public method here can be called on all workers at once with
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -62,6 +63,21 @@ class Worker:
 
     def get_num_threads(self) -> int:
         return torch.get_num_threads()
+
+    def perf_counter(self) -> float:
+        """This worker's clock now (CLOCK_MONOTONIC, shared by every process on the machine):
+        called by broadcast, it tells when each rank read the call."""
+        return time.perf_counter()
+
+    def measure_all_reduce(self, numel: int, repeats: int = 20) -> float:
+        """Median seconds of one all-reduce of `numel` float32s across the ranks (0 at TP=1)."""
+        tp = parallel_state.get_tp_group()
+        x, times = torch.ones(numel), []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tp.all_reduce(x)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
 
     def shutdown(self) -> None:
         self.model_runner.kv_caches = []
