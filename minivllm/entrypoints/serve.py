@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     count = args.api_server_count or args.data_parallel_size
     if count < 1:
         raise SystemExit("minivllm serve: --api-server-count must be at least 1")
+    try:
+        engine_config(args)  # a bad path or flag: one line, before anything starts
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"minivllm serve: {e}") from None
     # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like
     # Ctrl-C, so a server stopped while it starts still shuts its engine down.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
