@@ -203,7 +203,7 @@ def test_disconnect_aborts_and_frees_blocks(server):
         assert metric(server, "kv_cache_blocks_used") > 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the engine frees the blocks after the abort
-        if metric(server, "kv_cache_blocks_used") == 0 and metric(server, "num_requests_running") == 0:
+        if metric(server, "kv_cache_blocks_used") == 0 == metric(server, "num_requests_running"):
             break
         time.sleep(0.1)
     assert metric(server, "kv_cache_blocks_used") == 0, "the aborted request kept its blocks"

@@ -5,7 +5,8 @@ vllm/entrypoints/openai/chat_completion/serving.py:472-507 writes each chunk as
 `data: {json}\\n\\n`, an error as a `data: {"error": ...}` event, and always ends with
 `data: [DONE]`):
 
-    data: {"id": "chatcmpl-..", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}], ...}
+    data: {"id": "chatcmpl-..", "choices": [{"index": 0, "delta": {"role": "assistant",
+           "content": ""}, "finish_reason": null}], ...}
     data: {... "choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": null}]}
     data: {... "choices": [{"index": 0, "delta": {"content": "."}, "finish_reason": "stop"}]}
     data: {... "choices": [], "usage": {...}}      only with stream_options.include_usage
@@ -21,10 +22,9 @@ import time
 from typing import AsyncGenerator, AsyncIterator
 
 from minivllm.engine.output_processor import RequestOutput
-from minivllm.entrypoints.openai.protocol import (ChatCompletionChoice, ChatCompletionRequest,
-                                                  ChatCompletionResponse, ChatCompletionStreamChoice,
-                                                  ChatCompletionStreamResponse, DeltaMessage,
-                                                  ResponseMessage)
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionChoice, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
 from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
                                                         openai_finish_reason, random_id, sse,
                                                         usage)
