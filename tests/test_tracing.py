@@ -19,6 +19,11 @@ def _child_work(directory: str) -> None:
     tracing.flush()
 
 
+def _forked_work() -> None:
+    with tracing.span("forked"):  # no flush: the fork child's exit must write it
+        pass
+
+
 def test_off_by_default_records_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv(tracing.TRACE_DIR_ENV, raising=False)
     monkeypatch.setattr(tracing, "_recorder_pid", -1)
@@ -49,6 +54,10 @@ def test_processes_and_threads_merge_into_one_trace(tmp_path, monkeypatch):
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
+    forked = multiprocessing.get_context("fork").Process(target=_forked_work)
+    forked.start()
+    forked.join(60)
+    assert forked.exitcode == 0
     tracing.flush()
     with open(directory / "garbage.jsonl", "w") as f:
         f.write('{"name": "cut sh')  # a process killed mid-write: skipped, not fatal
@@ -57,7 +66,7 @@ def test_processes_and_threads_merge_into_one_trace(tmp_path, monkeypatch):
     events = json.load(open(out))["traceEvents"]
     assert n == len(events) and not directory.exists()
     spans = {e["name"]: e for e in events if e["ph"] == "X"}
-    assert {"outer", "inner", "in_thread", "forward"} <= set(spans)
+    assert {"outer", "inner", "in_thread", "forward", "forked"} <= set(spans)
     outer, inner = spans["outer"], spans["inner"]
     assert outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
     assert spans["forward"]["pid"] == proc.pid and spans["forward"]["args"] == {"batch": 4}

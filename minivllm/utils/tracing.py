@@ -5,8 +5,8 @@ Off unless the environment variable MINIVLLM_TRACE_DIR names a directory (`miniv
 returns one shared do-nothing context manager: a function call and an attribute test.
 
 On, each process appends its events to `$MINIVLLM_TRACE_DIR/<pid>.jsonl`, one JSON trace event a
-line, every FLUSH_EVERY events and at exit; a process killed with SIGKILL loses only its last
-unflushed events. `merge(dir, file)` joins every process's lines into one file in the Trace Event
+line, every FLUSH_EVERY events and at exit (also the exit of a forked multiprocessing child); a
+process killed with SIGKILL loses only its last unflushed events. `merge(dir, file)` joins every process's lines into one file in the Trace Event
 Format, `{"traceEvents": [...]}`, which ui.perfetto.dev and chrome://tracing open: one track per
 process and thread, named by `set_process_name` and by the thread's name.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing.util
 import os
 import shutil
 import threading
@@ -70,6 +71,9 @@ class _Recorder:
         self.named_threads: set[int] = set()
         self.lock = threading.Lock()
         atexit.register(self.flush)
+        # A multiprocessing child started by fork leaves with os._exit, which skips atexit; its
+        # _bootstrap runs multiprocessing's finalizers first.
+        multiprocessing.util.Finalize(self, self.flush, exitpriority=0)
 
     def complete(self, name: str, start_ns: int, end_ns: int,
                  args: dict[str, Any] | None = None) -> None:
