@@ -1,0 +1,214 @@
+"""The judge's tests for exercise 422. Each receives the learner's module as `impl`.
+
+The server is the judge's: stdlib http.server in a thread on 127.0.0.1, streaming SSE on a
+schedule it knows (sleeps before each write). Times are checked only where causality makes
+them certain (nothing can arrive before the server sent it), or with a margin of seconds
+where a bug is off by many seconds; everything else is counted, not timed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from minivllm.judge.api import Fail, check_equal, test
+
+FIRST_S = 1.0  # the server's wait before the first token
+MARGIN_S = 3.0  # a TTFT later than FIRST_S + this is measured from the wrong start
+
+
+def event(text, finish=None) -> bytes:
+    return ("data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
+        {"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n").encode()
+
+
+END = event("", "length") + b"data: [DONE]\n\n"
+# Each scenario: (seconds to sleep, bytes to write), after the response headers.
+SCENARIOS = {
+    "steady": [(0, event("")), (FIRST_S, event("A")), (0.1, event("B")), (0.1, event("C")),
+               (0.1, event("D")), (0.1, event("E")), (0, END)],
+    "bursty": [(0, b": a comment, not an event\n\n" + event("")), (FIRST_S, event("one ")),
+               (0.1, event("two ") + event("three ")),  # two events in one write
+               (0.1, event("four\n")[:25]), (0.5, event("four\n")[25:]),  # one event, 2 writes
+               (0.1, event("fïve").replace(b"\n\n", b"\r\n\r\n")), (0, END)],
+    "long": [(0, event(""))] + [(FIRST_S, event(f"{i} ")) for i in range(6)] + [(0, END)],
+    "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
+}
+
+
+class Server:
+    """The judge's SSE server; counts requests and the most streams open at once."""
+
+    def __init__(self):
+        judge = self
+        self.requests: list[dict] = []
+        self.open_now = self.most_open = 0
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                judge.requests.append(body)
+                steps = SCENARIOS.get(body.get("prompt"))
+                if steps is None:
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": "no such scenario"}')
+                    return
+                with judge.lock:
+                    judge.open_now += 1
+                    judge.most_open = max(judge.most_open, judge.open_now)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for delay, data in steps:
+                        time.sleep(delay)
+                        self.wfile.write(data)
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the client went away
+                finally:
+                    with judge.lock:
+                        judge.open_now -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def _check_timing_identity(r, what):
+    if r.ttft is None or r.e2e is None:
+        raise Fail(f"{what}: ttft and e2e must be set for a request that produced tokens",
+                   got=(r.ttft, r.e2e))
+    if any(g < 0 for g in r.itls) or abs(r.e2e - (r.ttft + sum(r.itls))) > 1e-6:
+        raise Fail(f"{what}: e2e is the time of the last token, so e2e == ttft + sum(itls), "
+                   "all from the same timestamps", expected=r.ttft + sum(r.itls), got=r.e2e)
+
+
+@test(input="SSEParser.feed of: a comment; 'data:x' (no space); 'data: {...}' with \\r\\n line "
+            "ends; two data lines in one event; data: [DONE]; fed whole and one byte at a time")
+def sse_parser(impl):
+    wire = (b": keep-alive\n\n" b"data:x\n\n" b'data: {"a": 1}\r\n\r\n'
+            b"data: first line\ndata: second line\n\n" b"data: [DONE]\n\n")
+    want = ["x", '{"a": 1}', "first line\nsecond line", "[DONE]"]
+    check_equal(impl.SSEParser().feed(wire), want, "SSEParser().feed(the whole stream)")
+    p = impl.SSEParser()
+    got = []
+    for i in range(len(wire)):
+        got += p.feed(wire[i:i + 1])
+    check_equal(got, want, "the events from feeding one byte at a time (keep the bytes of an "
+                           "unfinished event until its blank line arrives)")
+
+
+@test(input="'steady': headers, an empty-text event at once, then A after 1 s, B C D E 0.1 s "
+            "apart, a finish event, [DONE]", timeout=30)
+def one_stream(impl):
+    with Server() as s:
+        r = impl.stream_request("127.0.0.1", s.port, "steady", 5)
+    check_equal((r.ok, r.error, r.text, r.n_tokens), (True, "", "ABCDE", 5),
+                "(ok, error, text, n_tokens)")
+    check_equal(len(r.itls), 4, "len(itls): one gap per pair of consecutive tokens (the wait "
+                                "for the first token is TTFT, not an ITL)")
+    if r.ttft < FIRST_S - 1e-3:
+        raise Fail(f"ttft is {r.ttft:.3f} s, but the first token was sent {FIRST_S:g} s after "
+                   "the request arrived: TTFT runs from sending the request to the first event "
+                   "with text (not to the headers, not to an empty event)",
+                   expected=f">= {FIRST_S:g}", got=r.ttft)
+    _check_timing_identity(r, "steady")
+    check_equal(s.requests[0], {"prompt": "steady", "max_tokens": 5, "stream": True},
+                "the JSON body the server received")
+
+
+@test(input="'bursty': a comment; an empty event; tokens 'one ', then 'two ' and 'three ' in "
+            "one write, 'four\\n' in two writes 0.5 s apart, 'fïve' with \\r\\n line ends",
+      timeout=30)
+def bursts_and_split_events(impl):
+    with Server() as s:
+        r = impl.stream_request("127.0.0.1", s.port, "bursty", 5)
+    check_equal((r.ok, r.error, r.text), (True, "", "one two three four\nfïve"),
+                "(ok, error, text): events are parsed from the bytes, whatever the reads")
+    check_equal((r.n_tokens, len(r.itls)), (5, 4),
+                "(n_tokens, len(itls)): one token per event with text, two events in one read "
+                "are two tokens")
+    _check_timing_identity(r, "bursty")
+
+
+@test(input="HTTP 500 ('no such scenario'); 'cut' (2 tokens, then the server closes without "
+            "[DONE]); a port nobody listens on", timeout=30)
+def failures(impl):
+    with Server() as s:
+        bad = impl.stream_request("127.0.0.1", s.port, "no such scenario", 5)
+        cut = impl.stream_request("127.0.0.1", s.port, "cut", 5)
+    if bad.ok or "500" not in bad.error:
+        raise Fail("a 500 response: ok False and the status in error", got=(bad.ok, bad.error))
+    if cut.ok or not cut.error:
+        raise Fail("a stream that ends without data: [DONE]: ok False and an error that says so",
+                   got=(cut.ok, cut.error))
+    check_equal(cut.n_tokens, 2, "n_tokens of the cut stream (what did arrive is kept)")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nobody listens there now
+    refused = impl.stream_request("127.0.0.1", port, "steady", 5)
+    if refused.ok or not refused.error:
+        raise Fail("a refused connection: ok False and the error, not an exception",
+                   got=(refused.ok, refused.error))
+
+
+def _result(impl, ttft, itls, n, ok=True):
+    return impl.RequestResult(ok=ok, ttft=ttft, itls=list(itls), e2e=ttft + sum(itls),
+                              n_tokens=n, text="x" * n)
+
+
+@test(input="summarize of 3 results (TTFT 1, 2, 4; ITLs [0.1]*3, [0.5], []) and a failed one, "
+            "over 10 s")
+def summarize_math(impl):
+    rs = [_result(impl, 1.0, [0.1, 0.1, 0.1], 4), _result(impl, 2.0, [0.5], 2),
+          _result(impl, 4.0, [], 1), _result(impl, 9.0, [9.0], 2, ok=False)]
+    got = impl.summarize(rs, 10.0)
+    want = {"completed": 3, "failed": 1, "output_tok_per_s": 0.7,
+            "ttft_p50": 2.0, "ttft_p99": 3.96, "itl_p50": 0.1, "itl_p99": 0.488,
+            "e2e_p50": 2.5, "e2e_p99": 3.97}
+    if set(got) != set(want):
+        raise Fail("summarize()'s keys", expected=sorted(want), got=sorted(got))
+    wrong = {k: (got[k], v) for k, v in want.items() if abs(got[k] - v) > 1e-9}
+    if wrong:
+        raise Fail("summarize(): percentiles interpolate linearly between ranks (numpy's "
+                   "default); ITL percentiles are over every gap of every successful request "
+                   "(not over per-request means); failed requests count nowhere but 'failed'",
+                   expected={k: v for k, (_, v) in wrong.items()},
+                   got={k: g for k, (g, _) in wrong.items()})
+
+
+@test(input="run_load: 4 'long' prompts (first token after 1 s, then 5 more 1 s apart), "
+            "concurrency 2", timeout=60)
+def concurrent_load(impl):
+    with Server() as s:
+        rs = impl.run_load("127.0.0.1", s.port, ["long"] * 4, 6, 2)
+        most = s.most_open
+    check_equal([(r.ok, r.n_tokens) for r in rs], [(True, 6)] * 4, "(ok, n_tokens) of each")
+    check_equal((len(s.requests), most), (4, 2), "(requests the server got, the most streams "
+                                                 "open at once) with concurrency 2")
+    late = [round(r.ttft, 2) for r in rs if not FIRST_S - 1e-3 <= r.ttft < FIRST_S + MARGIN_S]
+    if late:
+        raise Fail(f"TTFTs outside [{FIRST_S:g}, {FIRST_S + MARGIN_S:g}) s: each request's clock "
+                   "starts when that request is sent, not when the run starts (the last two "
+                   "wait about 6 s for a free slot)", got=[round(r.ttft, 2) for r in rs])
