@@ -85,11 +85,12 @@ def _pid_alive(pid: int) -> bool:
 
 def _register_cleanup() -> None:
     """Run _at_exit when this process exits: multiprocessing's exit hook runs in the main
-    process (atexit) and in its children (which skip atexit); a forked child registers again."""
+    process (atexit) and in its children (which skip atexit); a forked child registers again.
+    Priority -1: after that hook has joined this process's own children."""
     global _cleanup_registered_in
     if _cleanup_registered_in != os.getpid():
         _cleanup_registered_in = os.getpid()
-        multiprocessing.util.Finalize(None, _at_exit, exitpriority=0)
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=-1)
 
 
 def _at_exit() -> None:
