@@ -35,7 +35,7 @@ MANY_ROWS = 8  # rows from which an op counts as "many" (decode batches of 8+, p
 ROW_OPS = ("add_rms_norm", "silu_and_mul", "rope_and_cache", "paged_decode", "argmax_rows")
 OPS = ["skinny_linear/few"] + [f"{op}/{rows}" for op in ROW_OPS for rows in ("few", "many")]
 ROUNDS = (5, 11)  # interleaved C/torch samples per op, at least and at most
-BUDGET_S = 0.05  # per op: rounds stop past this (and ROUNDS[0]), so the whole check takes < 1 s
+BUDGET_S = 0.05  # per op: rounds stop past this (and ROUNDS[0]); quiet, all ops take < 1 s
 SAMPLE_S = 1e-3  # a sample repeats the op until the slower version's lasts about this long
 # SmolLM2-135M's shapes (the default model); the choice is made once for the CPU, not per model
 HIDDEN, INTER, VOCAB = 576, 1536, 49152
