@@ -82,6 +82,18 @@ def test_chat_whole_and_streamed_agree(client):
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
 
 
+def test_chat_stream_with_two_choices(client):
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=6, n=2, temperature=0, stream=True,
+        extra_body={"ignore_eos": True}))
+    roles = [c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"]
+    finished = sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason)
+    assert roles == [0, 1] and finished == [0, 1]
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i)
+             for i in (0, 1)]
+    assert texts[0] == texts[1]  # greedy: both choices decode the same tokens
+
+
 def test_completions_n_batch_and_no_usage_unless_asked(client):
     out = client.completions.create(model="tiny", prompt=["The capital of", "A paged"],
                                     max_tokens=5, n=2, temperature=0,
