@@ -207,6 +207,7 @@ def test_disconnect_aborts_and_frees_blocks(server):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     body = {"prompt": "The capital " * 40, "max_tokens": 900, "stream": True,
             "ignore_eos": True}
+    finished_before = metric(server, "e2e_request_latency_seconds_count")
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers,
                       timeout=30) as r:
         lines = r.iter_lines()
@@ -219,6 +220,24 @@ def test_disconnect_aborts_and_frees_blocks(server):
             break
         time.sleep(0.1)
     assert metric(server, "kv_cache_blocks_used") == 0, "the aborted request kept its blocks"
+    assert metric(server, "e2e_request_latency_seconds_count") == finished_before, \
+        "the request ran to the end instead of being aborted"
+
+
+def test_disconnect_aborts_a_whole_response_too(server):
+    """A non-streamed request: with_cancellation notices the client leaving and cancels it."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"prompt": "The capital " * 40, "max_tokens": 900, "ignore_eos": True}
+    finished_before = metric(server, "e2e_request_latency_seconds_count")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=1.5)
+    deadline = time.monotonic() + 10
+    while metric(server, "kv_cache_blocks_used") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "kv_cache_blocks_used") == 0, "the aborted request kept its blocks"
+    assert metric(server, "num_requests_running") == 0
+    assert metric(server, "e2e_request_latency_seconds_count") == finished_before, \
+        "the request ran to the end instead of being aborted"
 
 
 def test_256_concurrent_streams_all_complete(server):
