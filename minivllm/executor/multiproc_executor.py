@@ -32,9 +32,7 @@ import signal
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.context import BaseContext
 from typing import Any
 
 from minivllm.distributed.parallel_state import get_open_port
@@ -44,8 +42,8 @@ from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.executor.abstract import Executor, FailureCallback
 from minivllm.executor.messages import ExecuteModel, RPCCall, RPCError, RPCResponse
 from minivllm.serial import MsgpackDecoder
-from minivllm.utils.mp import (START_METHOD_ENV, STOP_GRACE_S, TERM_GRACE_S, ProcHandle,
-                               get_mp_context, launch)
+from minivllm.executor.proc_group import launch_all, stop_all, worker_mp_context
+from minivllm.utils.mp import ProcHandle, launch
 from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files, worker_main
 
 logger = logging.getLogger(__name__)
@@ -121,7 +119,7 @@ class MultiprocExecutor(Executor):
                           args=(self.config, rank, handle, init_method), context=context)
 
         decoder = MsgpackDecoder(RPCResponse)
-        for rank, proc in enumerate(_launch_all(start, self.world_size, context)):
+        for rank, proc in enumerate(launch_all(start, self.world_size, context)):
             mq = MessageQueue.create_from_handle(proc.ready_message, 0, decoder=decoder)
             self.workers.append(WorkerProcHandle(rank, proc, proc.ready_message, mq))
         self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
@@ -237,6 +235,12 @@ class MultiprocExecutor(Executor):
                         "another step. See the worker's log above")
         self.is_failed = True
         logger.error(self.failure)
+        # 0. the names of the dead worker's ring and ipc files, and of the broadcast queue's
+        #    (no one attaches to a failed executor; mappings and sockets stay usable until
+        #    close): a few syscalls, done before anything can end this process (an engine
+        #    core may exit as soon as its wait fails, without shutting its executor down)
+        unlink_queue_files(dead.response_handle)
+        unlink_queue_files(self.rpc_broadcast_mq.handle)
         # 1. nobody stays blocked: every pending enqueue and dequeue raises QueueShutdown
         self.rpc_broadcast_mq.shutdown()
         for w in self.workers:
@@ -256,19 +260,7 @@ class MultiprocExecutor(Executor):
             if self._stopped:
                 return
             self._stopped = True
-            procs = [w.proc for w in self.workers]
-            for p in procs:
-                p.request_stop()
-            for grace, escalate in ((STOP_GRACE_S, "terminate"), (TERM_GRACE_S, "kill")):
-                alive = _wait_exit(procs, grace)
-                if not alive:
-                    break
-                logger.warning("workers %s still running: %s", [p.pid for p in alive], escalate)
-                for p in alive:
-                    getattr(p.process, escalate)()
-            _wait_exit(procs, None)
-            for p in procs:
-                p.shutdown(timeout=0.0, term_timeout=0.0)  # all gone: closes the death pipes
+            stop_all([w.proc for w in self.workers])
             for w in self.workers:
                 unlink_queue_files(w.response_handle)
 
@@ -286,50 +278,5 @@ class MultiprocExecutor(Executor):
         self.rpc_broadcast_mq.close()
 
 
-def worker_mp_context() -> BaseContext:
-    """spawn, as vLLM's CPU platform forces (vllm/platforms/cpu.py:426), unless the user
-    chose a start method: a child forked from a process whose OpenMP pool already ran hangs in
-    its first multi-threaded matmul (GNU libgomp is not fork-safe; measured here with torch:
-    a forked child at 2 threads never returned, at 1 thread it did)."""
-    if START_METHOD_ENV in os.environ:
-        return get_mp_context()
-    return multiprocessing.get_context("spawn")
-
-
-def _launch_all(start, n: int, context: BaseContext) -> list[ProcHandle]:
-    """start(rank) for every rank, side by side (under spawn each child imports torch for
-    seconds), or one by one under fork (forking while other threads run is unsafe). If one
-    fails, the others are stopped and its error is raised."""
-    if context.get_start_method() == "fork":
-        procs: list[ProcHandle] = []
-        try:
-            for rank in range(n):
-                procs.append(start(rank))
-        except BaseException:
-            for p in procs:
-                p.shutdown()
-            raise
-        return procs
-    with ThreadPoolExecutor(n, thread_name_prefix="start-worker") as pool:
-        futures = [pool.submit(start, rank) for rank in range(n)]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        for f in futures:
-            if f.exception() is None:
-                f.result().shutdown()
-        raise errors[0]
-    return [f.result() for f in futures]
-
-
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _wait_exit(procs: list[ProcHandle], timeout: float | None) -> list[ProcHandle]:
-    """Wait until every process has exited or timeout s passed; return the live ones."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    alive = [p for p in procs if p.is_alive()]
-    while alive and (deadline is None or time.monotonic() < deadline):
-        multiprocessing.connection.wait([p.sentinel for p in alive], _remaining(deadline))
-        alive = [p for p in alive if p.is_alive()]
-    return alive

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,13 @@ def _run(ring: str | None, model_dir: str, workdir: str, label: str, timeout: fl
         os.unlink(os.path.join("/dev/shm", name))
     if proc.returncode != 0:
         return None, f"the engine failed (exit code {proc.returncode}):\n{_tail(proc.stderr)}"
-    if left:
-        return None, (f"the engine's output came, but it left shared memory behind: "
-                      f"{sorted(left)} (close() in every process, unlink() in the creator)")
+    tracker = re.search(r"There appear to be (\d+) leaked shared_memory", proc.stderr)
+    if left or tracker:  # Python's resource tracker unlinks what a creator left, at exit
+        count = len(left) or int(tracker.group(1))
+        return None, (f"the engine's output came, but your ring left {count} shared-memory "
+                      f"segment(s) behind{': ' + str(sorted(left)) if left else ''} (Python's "
+                      "resource tracker had to remove them at exit): close() in every process, "
+                      "unlink() in the creator")
     return json.loads(Path(out).read_text()), ""
 
 
