@@ -11,8 +11,8 @@ are cumulative, so a consumer slower than the engine just sees a later state, an
 queues up behind it. A consumer that stops iterating (or whose task is cancelled) aborts its
 request in the engine. Several API server processes can share the engines: each is a client
 with its own addresses and client_index (engine/utils.py: launch_core_engines).
-In vLLM: vllm/v1/engine/async_llm.py:76 (AsyncLLM), :588 (generate), :693 (output_handler);
-RequestOutputCollector, vllm/v1/engine/output_processor.py:44.
+In vLLM: vllm/v1/engine/async_llm.py:93 (AsyncLLM), :726 (generate), :856 (the output handler);
+RequestOutputCollector, vllm/v1/engine/output_processor.py:53.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.executor.abstract import Executor
 
 # The methods a client may call by name with call_utility (vLLM looks any method up with
-# getattr, core.py:1790; a list keeps the socket from reaching shutdown or private helpers).
+# getattr, core.py:1771; a list keeps the socket from reaching shutdown or private helpers).
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_stats", "collective_rpc", "echo"})
 
 

@@ -15,8 +15,9 @@ way every blocked and every later call raises EngineDeadError: the error is queu
 outputs already received, and a getter that takes it puts it back for the next one, so no
 caller can be left waiting (vLLM's sync output thread leaves on shutdown without queueing an
 error, core_client.py:995-1018; its get_output() then waits forever).
-In vLLM: vllm/v1/engine/core_client.py:63 (EngineCoreClient), :271 (InprocClient), :482
-(MPClient), :950 (SyncMPClient), :1066 (AsyncMPClient), :1346 (DPAsyncMPClient).
+In vLLM: vllm/v1/engine/core_client.py:83 (EngineCoreClient), :366 (InprocClient), :598
+(MPClient), :833 (monitor_engine_cores), :955 (SyncMPClient), :1149 (AsyncMPClient), :1469
+(DPAsyncMPClient), :1710 (DPLBAsyncMPClient).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ identity is its DP rank (2 bytes, little endian):
 
 While it waits, the launcher also watches each engine's process sentinel: an engine that dies
 during start-up is reported at once, with its exit code, not after the timeout.
-In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), EngineZmqAddresses at
-:80, CoreEngineProcManager at :102; the engine's side: vllm/v1/engine/core.py:1352-1460.
+In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), :1206
+(launch_core_engines), :100 (EngineZmqAddresses), :242 (CoreEngineProcManager); the engine's
+side: vllm/v1/engine/core.py:1352-1460.
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""Figure of chapter 07: the engine core process, its busy loop between two IO threads, and the
+client with its death monitor.
+
+    .venv/bin/python figures/make_07.py      writes figures/07_engine_core.png
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+
+from drawing import box
+
+HERE = Path(__file__).resolve().parent
+IN, OUT, DEATH = "#1f4e9c", "#b35900", "#b71c1c"
+
+
+def arrow(ax, x0, y0, x1, y1, color="black", style="-"):
+    ax.annotate("", (x1, y1), (x0, y0),
+                arrowprops=dict(arrowstyle="->", lw=1.5, color=color, linestyle=style))
+
+
+def label(ax, x, y, text, color="black", **kw):
+    ax.text(x, y, text, ha="center", fontsize=8, color=color, **kw)
+
+
+def main() -> None:
+    fig, ax = plt.subplots(figsize=(11, 6.2))
+    # the front end process
+    ax.add_patch(plt.Rectangle((0.1, 0.3), 3.6, 5.4, fc="#f3f7fc", ec="#1f4e9c", lw=1.2))
+    label(ax, 1.9, 5.45, "front end process (LLM / AsyncLLM)", weight="bold")
+    box(ax, 0.4, 4.2, 3.0, 0.8, "caller: add_request / get_output\n(blocks on the outputs queue)",
+        "#dbe9f6")
+    box(ax, 0.4, 2.9, 1.4, 0.8, "ROUTER\n(bind)", "#dbe9f6")
+    box(ax, 2.0, 2.9, 1.4, 0.8, "output thread\nPULL (bind)", "#dbe9f6")
+    box(ax, 0.4, 0.6, 3.0, 1.0, "monitor thread: waits on the\nprocess sentinels (or pidfds)",
+        "#f8d7d7")
+    # the engine core process
+    ax.add_patch(plt.Rectangle((5.0, 0.3), 5.8, 5.4, fc="#fef6ee", ec="#b35900", lw=1.2))
+    label(ax, 7.9, 5.45, "engine core process  MINIVLLM::EngineCore_0", weight="bold")
+    box(ax, 5.3, 3.9, 1.7, 1.1, "input thread\nDEALER\nid = rank, 2 B LE", "#fde2c8")
+    box(ax, 8.8, 3.9, 1.7, 1.1, "output thread\nPUSH\n(reused buffer)", "#fde2c8")
+    box(ax, 6.6, 1.9, 2.6, 1.4, "busy loop (main thread)\nblock on input_queue when idle\n"
+        "schedule -> execute ->\naborts -> update_from_output", "#fff3c4")
+    box(ax, 6.6, 0.6, 2.6, 0.8, "executor -> worker (model)", "#e2f0d9")
+    # arrows: requests
+    arrow(ax, 1.8, 3.3, 5.25, 4.4, IN)
+    label(ax, 3.3, 4.25, "[id, type, msgpack, oob...]", IN)
+    arrow(ax, 6.1, 3.85, 6.9, 3.35, IN)
+    label(ax, 6.05, 3.45, "input_queue\n(+aborts_queue)", IN)
+    # outputs
+    arrow(ax, 8.9, 3.35, 9.6, 3.85, OUT)
+    label(ax, 9.85, 3.45, "output_queue", OUT)
+    arrow(ax, 8.75, 3.95, 3.45, 3.0, OUT)
+    label(ax, 4.35, 2.45, "EngineCoreOutputs (token lists)\nor ENGINE_CORE_DEAD", OUT)
+    arrow(ax, 7.9, 1.85, 7.9, 1.45)
+    # death
+    arrow(ax, 5.0, 1.1, 3.45, 1.1, DEATH, "--")
+    label(ax, 4.25, 1.25, "exit / kill -9", DEATH)
+    arrow(ax, 1.9, 1.65, 1.9, 4.15, DEATH, "--")
+    label(ax, 1.0, 2.2, "EngineDeadError\nto every caller", DEATH)
+    ax.set_xlim(0, 11)
+    ax.set_ylim(0, 5.9)
+    ax.axis("off")
+    ax.set_title("Chapter 07: the engine core in its own process")
+    fig.tight_layout()
+    fig.savefig(HERE / "07_engine_core.png", dpi=110)
+
+
+if __name__ == "__main__":
+    matplotlib.use("Agg")  # only when run as a script: an importer (a chapter) keeps its backend
+    main()
