@@ -149,7 +149,8 @@ def transfer(total: int, pipe_size: int, timeout: float = 30.0) -> Transfer:
         before = voluntary_switches(os.getpid())
         deadline = time.monotonic() + timeout
         while True:
-            if not select.select([writer.read_fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([writer.read_fd], [], [], left)[0]:
                 raise TimeoutError(f"received {received} of {total} bytes within {timeout:g} s")
             data = os.read(writer.read_fd, READ_CHUNK)
             if not data:

@@ -21,7 +21,7 @@ from minivllm.judge.api import Fail, check_equal, scaled, test
 
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 KIB, MIB = 1 << 10, 1 << 20
-WAIT_S = scaled(10.0)  # a pipe that does not fill (or a child that does not answer) in this long never will
+WAIT_S = scaled(10.0)  # a pipe not filled (or a child not answering) in this long never will
 SLEEPS = 300  # 1 ms sleeps in the probe child: each is at least one voluntary switch
 
 
@@ -70,7 +70,8 @@ def max_size_file(impl):
         raise Fail("pipe_max_size of a missing file must raise FileNotFoundError", got=got)
 
 
-@test(input="a fresh pipe (64 KiB): grow_pipe to 256 KiB, 100000, 4096; want 0 and -1; a regular file")
+@test(input="a fresh pipe (64 KiB): grow_pipe to 256 KiB, 100000, 4096; want 0 and -1; "
+            "a regular file")
 def grows_and_rounds(impl):
     r, w = os.pipe()
     try:
@@ -86,7 +87,8 @@ def grows_and_rounds(impl):
         check_equal(impl.grow_pipe(r, 100000), 128 * KIB,
                     "grow_pipe(r, 100000) on a 64 KiB pipe: the kernel rounds up to a power of two "
                     "pages, and F_SETPIPE_SZ returns the size it set")
-        check_equal(impl.grow_pipe(w, 4096), 128 * KIB, "grow_pipe(w, 4096) (it never shrinks a pipe)")
+        check_equal(impl.grow_pipe(w, 4096), 128 * KIB,
+                    "grow_pipe(w, 4096) (it never shrinks a pipe)")
         check_equal(_size(w), 128 * KIB, "F_GETPIPE_SZ after grow_pipe(w, 4096)")
         for bad in (0, -1):
             try:
@@ -255,8 +257,8 @@ def _slow_read(impl, total: int, pipe_size: int) -> tuple[int, int]:
                 raise Fail(f"bytes {got}..{got + want} are not the pattern (byte i is i % 256)")
             got += want
         if not select.select([writer.read_fd], [], [], WAIT_S)[0] or os.read(writer.read_fd, 1):
-            raise Fail(f"after all {total} bytes the reader saw no EOF within {WAIT_S:g} s: a write "
-                       "end is still open somewhere (close it in the parent after fork, and in "
+            raise Fail(f"after all {total} bytes the reader saw no EOF within {WAIT_S:g} s: a "
+                       "write end is still open somewhere (close it in the parent after fork, and in "
                        "the child once it has written everything)")
     except BaseException:
         writer.kill()

@@ -89,6 +89,23 @@ def wire_round_trip(impl):
         [impl.NewRequestData("a", [1, 2, 3], impl.SamplingParams(0.5, 0.9, 7), [4, 5], 0)],
         impl.CachedRequestData(["b"], {"b"}, [[9]], [[6, 7]], [12]),
         {"a": 3, "b": 1}, ["z"])
+    wire = {"scheduled_new_reqs": [{"req_id": "a", "prompt_token_ids": [1, 2, 3],
+                                    "sampling_params": {"temperature": 0.5, "top_p": 0.9,
+                                                        "max_tokens": 7},
+                                    "block_ids": [4, 5], "num_computed_tokens": 0}],
+            "scheduled_cached_reqs": {"req_ids": ["b"], "resumed_req_ids": ["b"],
+                                      "new_token_ids": [[9]], "new_block_ids": [[6, 7]],
+                                      "num_computed_tokens": [12]},
+            "num_scheduled_tokens": {"a": 3, "b": 1}, "finished_req_ids": ["z"]}
+    try:
+        seen = msgspec.msgpack.decode(impl.encode(out))
+    except msgspec.DecodeError as e:
+        raise Fail("encode(out) must be msgpack (the judge's own msgpack reader failed)",
+                   got=str(e)) from None
+    check_equal(seen, wire, "encode(out) as the judge's msgpack reader sees it (each Struct a "
+                            "map of its fields)")
+    check_equal(impl.decode(msgspec.msgpack.encode(wire)), out,
+                "decode() of the judge's own msgpack encoding of that output")
     back = impl.decode(impl.encode(out))
     check_equal(back, out, "decode(encode(out))")
     if not isinstance(back.scheduled_new_reqs[0], impl.NewRequestData) or not isinstance(

@@ -94,9 +94,11 @@ def batches_of_three(impl):
                     f"everything sent for {text!r}, 3 tokens per push")
 
 
-@test(input="byte tokens: E6 9D then 'a' (a cut-off character); 'x' 80 'y' (a stray byte); "
-            "'z' F0 9F at the end of the stream")
+@test(input="push([]) and flush() of nothing; byte tokens: E6 9D then 'a' (a cut-off "
+            "character); 'x' 80 'y' (a stray byte); 'z' F0 9F at the end of the stream")
 def invalid_bytes(impl):
+    d = impl.IncrementalDetokenizer(tok())
+    check_equal((d.push([]), d.flush()), ("", ""), "(push([]), flush()) of a fresh detokenizer")
     cases = [((b"\xe6\x9d", b"a"), "\ufffda"), ((b"x", b"\x80", b"y"), "x\ufffdy"),
              ((b"z", b"\xf0\x9f"), "z\ufffd")]
     for parts, want in cases:
