@@ -24,10 +24,13 @@ if os.environ.get("MINIVLLM_CPU_ARCH") == "x86-64-v3":
 
 
 def __getattr__(name: str):
-    # `from minivllm import LLM` without importing torch for every child process.
+    # `from minivllm import LLM` (or AsyncLLM) without importing torch for every child process.
     if name == "LLM":
         from minivllm.entrypoints.llm import LLM
         return LLM
+    if name == "AsyncLLM":
+        from minivllm.engine.async_llm import AsyncLLM
+        return AsyncLLM
     if name == "SamplingParams":
         from minivllm.sampling_params import SamplingParams
         return SamplingParams
