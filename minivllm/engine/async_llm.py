@@ -21,13 +21,10 @@ import asyncio
 import dataclasses
 from typing import Any, AsyncGenerator
 
-import numpy as np
-
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.core import validate_request
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.exceptions import EngineDeadError
-from minivllm.engine.messages import EngineCoreRequest
+from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Tokenizer
@@ -99,7 +96,7 @@ class AsyncLLM:
             for collector in self.collectors.values():
                 collector.put(e)
 
-    async def generate(self, prompt: str | list[int] | np.ndarray,
+    async def generate(self, prompt: PromptType,
                        sampling_params: SamplingParams, request_id: str
                        ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's cumulative RequestOutput after each step it progressed in.
@@ -108,11 +105,8 @@ class AsyncLLM:
             raise self.dead_error
         if request_id in self.collectors:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = np.asarray(self.tokenizer.encode(prompt) if text is not None else prompt)
-        validate_request(self.config, request_id, token_ids)
-        request = EngineCoreRequest(request_id, token_ids.astype(np.int32, copy=False),
-                                    sampling_params)
+        request, text = process_inputs(self.config, self.tokenizer, request_id, prompt,
+                                       sampling_params)
         self._ensure_output_handler()
         collector = self.collectors[request_id] = RequestOutputCollector()
         self.output_processor.add_request(request_id, text, request.prompt_token_ids.tolist(),

@@ -17,15 +17,15 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.core import validate_request
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -38,7 +38,6 @@ MULTIPROCESSING_ENV = "MINIVLLM_ENABLE_V1_MULTIPROCESSING"  # vLLM's VLLM_ENABLE
 def multiprocessing_enabled() -> bool:
     return os.environ.get(MULTIPROCESSING_ENV, "1") != "0"
 
-PromptType = Union[str, Sequence[int], np.ndarray]
 
 
 class LLM:
@@ -87,12 +86,7 @@ class LLM:
     def _make_request(self, prompt: PromptType, params: SamplingParams
                       ) -> tuple[EngineCoreRequest, str | None]:
         request_id = str(next(self._request_counter))
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = np.asarray(self.tokenizer.encode(prompt) if text is not None else prompt)
-        validate_request(self.config, request_id, token_ids)
-        request = EngineCoreRequest(request_id, token_ids.astype(np.int32, copy=False), params,
-                                    arrival_time=time.time())
-        return request, text
+        return process_inputs(self.config, self.tokenizer, request_id, prompt, params)
 
     def _add_request(self, request: EngineCoreRequest, text: str | None) -> None:
         self.engine_core.add_request(request)
