@@ -42,6 +42,7 @@ OUTPUT_TAIL_LINES = 15
 OUTPUT_TAIL_BYTES = 4096  # what is shown of the output: 50 MB on one line must not flood a terminal
 OUTPUT_LINE_CHARS = 240
 LEAK_SETTLE_S = 0.5
+SHORT_TEMP_ROOT = 24  # chars; the child's sockets nest 4 folders deeper, ~80 more
 DEFAULT_HANG = ("A hang here usually means a loop waiting for a flag or a message that "
                 "nobody will ever set or send.")
 _run_ids = itertools.count()
@@ -94,7 +95,7 @@ def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade
 
 
 def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
-    work = Path(tempfile.mkdtemp(prefix=f"judge-{ex.number}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"judge-{ex.number}-", dir=_short_temp_root()))
     try:
         shutil.copy(path, work / f"{ex.module_name}.py")
         (work / "tmp").mkdir()
@@ -110,6 +111,15 @@ def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
         return res
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _short_temp_root() -> str:
+    """The temp dir, or /tmp when that is long (the test suite's private TMPDIR): ipc socket
+    paths made under the child's TMPDIR must fit in a Unix socket address (107 bytes)."""
+    root = tempfile.gettempdir()
+    if len(root) > SHORT_TEMP_ROOT and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return root
 
 
 def time_scale() -> float:
