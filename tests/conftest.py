@@ -34,7 +34,7 @@ def _basetemp(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def no_leaks(monkeypatch):
     prefix = f"minivllm-t{os.getpid()}x{next(_test_ids)}"
-    private = tempfile.mkdtemp(prefix=prefix + "-tmp-")
+    private = tempfile.mkdtemp(prefix=prefix + "-")  # short: ipc paths nest under it
     monkeypatch.setenv(PREFIX_ENV, prefix)
     monkeypatch.setenv("TMPDIR", private)
     monkeypatch.setattr(tempfile, "tempdir", private)
