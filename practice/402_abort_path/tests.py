@@ -19,7 +19,7 @@ import zmq
 from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
-WAIT_S = scaled(5.0)  # anything between threads or processes on one host that takes this long is lost
+WAIT_S = scaled(5.0)  # a message between threads or processes not here after this is lost
 QUIET_S = 0.3  # how long a test listens where nothing should arrive
 ID = b"\x00\x00"
 

@@ -122,7 +122,8 @@ def shards(impl):
             check_equal(cb.tolist(), b[r * per_out:(r + 1) * per_out].tolist(),
                         f"the bias slice of column_shard(w, b, {r}, {ws})")
             rw = impl.row_shard(w, r, ws)
-            if rw.shape != (HIDDEN, per_in) or not torch.equal(rw, w[:, r * per_in:(r + 1) * per_in]):
+            cols = w[:, r * per_in:(r + 1) * per_in]
+            if rw.shape != (HIDDEN, per_in) or not torch.equal(rw, cols):
                 raise Fail(f"row_shard(w, {r}, {ws}): a row-parallel rank holds columns "
                            f"{r * per_in}..{(r + 1) * per_in - 1} of the (out, in) weight (its "
                            "input features)", expected=(HIDDEN, per_in), got=tuple(rw.shape))
