@@ -65,25 +65,26 @@ def tracks(events: list[dict]) -> list[tuple[int, int, str]]:
     return [(pid, tid, label(pid, tid)) for pid, tid in order]
 
 
-def draw_timeline(events: list[dict], ax, window_ms: float | None = None) -> None:
-    """One row per (process, thread); spans as bars, coloured by name; time in ms from the
-    first span. `window_ms` keeps only the first window_ms milliseconds."""
+def draw_timeline(events: list[dict], ax, start_us: float | None = None,
+                  end_us: float | None = None) -> None:
+    """One row per (process, thread); spans as bars, coloured by name; time in ms from
+    `start_us` (default: the first span), up to `end_us` (default: the last)."""
     spans = [e for e in events if e["ph"] == "X"]
-    t0 = min(e["ts"] for e in spans)
-    rows = tracks(events)
+    start_us = min(e["ts"] for e in spans) if start_us is None else start_us
+    end_us = max(e["ts"] + e["dur"] for e in spans) if end_us is None else end_us
+    spans = [e for e in spans if e["ts"] + e["dur"] >= start_us and e["ts"] <= end_us]
+    rows = tracks([e for e in events if e["ph"] == "M"] + spans)
     row_of = {(pid, tid): i for i, (pid, tid, _) in enumerate(rows)}
     names = sorted({e["name"] for e in spans})
     cmap = plt.get_cmap("tab20")
     colour = {n: cmap(i % 20) for i, n in enumerate(names)}
     for e in spans:
-        start = (e["ts"] - t0) / 1000
-        if window_ms is not None and start > window_ms:
-            continue
-        ax.broken_barh([(start, max(e["dur"] / 1000, 0.02))],
+        ax.broken_barh([((e["ts"] - start_us) / 1000, max(e["dur"] / 1000, 0.02))],
                        (row_of[(e["pid"], e["tid"])] - 0.4, 0.8), color=colour[e["name"]])
+    ax.set_xlim(0, (end_us - start_us) / 1000)
     ax.set_yticks(range(len(rows)), [r[2] for r in rows], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("time since the first span (ms)")
+    ax.set_xlabel("time (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
     ax.legend(handles, names, fontsize=7, ncol=min(len(names), 6), loc="upper center",
               bbox_to_anchor=(0.5, -0.18))
