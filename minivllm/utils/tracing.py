@@ -111,17 +111,26 @@ def _metadata(kind: str, pid: int, tid: int, name: str) -> dict[str, Any]:
 
 
 _recorder: _Recorder | None = None
-_recorder_pid = -1
+_recorder_pid = -1  # the process _recorder was decided for; -1: not decided yet
 
 
 def _get() -> _Recorder | None:
-    """This process's recorder, made on first use (a forked child makes its own)."""
+    """This process's recorder, decided on first use (None when tracing is off)."""
     global _recorder, _recorder_pid
-    if _recorder_pid != os.getpid():
+    if _recorder_pid == -1:
         directory = os.environ.get(TRACE_DIR_ENV)
         _recorder = _Recorder(directory) if directory and os.path.isdir(directory) else None
         _recorder_pid = os.getpid()
     return _recorder
+
+
+def _forget_after_fork() -> None:
+    """A forked child decides again: the parent's recorder writes the parent's file."""
+    global _recorder, _recorder_pid
+    _recorder, _recorder_pid = None, -1
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def enabled() -> bool:
