@@ -205,9 +205,10 @@ def test_selection_keeps_the_faster_version():
         time.sleep(0.005)  # a thousand times longer
         return fast()
 
-    assert op_selection.faster(fast, slow)["choice"] == "c"
-    chosen = op_selection.faster(slow, fast)
-    assert chosen["choice"] == "torch" and chosen["c_us"] > chosen["torch_us"]
+    kept = op_selection.faster(fast, slow)
+    assert kept["choice"] == "c" and kept["c_speedup"] > 1 and kept["c_us"] < kept["torch_us"]
+    dropped = op_selection.faster(slow, fast)
+    assert dropped["choice"] == "torch" and dropped["c_speedup"] < 1
 
 
 def test_the_choice_is_measured_once_and_cached_with_the_build(tmp_path, monkeypatch, fresh_load):
