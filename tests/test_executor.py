@@ -126,3 +126,53 @@ def test_workers_exit_by_themselves_when_the_engine_core_is_killed(tiny_dir):
         alive = [p for p in alive if psutil.pid_exists(p)
                  and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"workers {alive} still running {ORPHAN_EXIT_S:g} s after the engine core died"
+
+
+# --- through the engine core process (LLM's default) -----------------------------------------
+def _titled(prefix: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.cmdline() and p.cmdline()[0].startswith(prefix):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture
+def llm_tp3(tiny_dir, monkeypatch):
+    from minivllm import LLM
+    monkeypatch.delenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    llm = LLM(tiny_dir, tensor_parallel_size=3)
+    yield llm
+    llm.close()
+
+
+def test_kill_9_on_a_worker_reaches_the_llm_caller_as_engine_dead(llm_tp3):
+    """worker death -> executor monitor -> EXECUTOR_FAILED -> ENGINE_CORE_DEAD -> the client."""
+    from minivllm.engine.exceptions import EngineDeadError
+    workers = _titled("MINIVLLM::Worker_TP")
+    assert len(workers) == 3 and len(_titled("MINIVLLM::EngineCore")) == 1
+    killed = []
+
+    def kill_soon():
+        time.sleep(1.0)
+        killed.append(time.monotonic())
+        os.kill(workers[1].pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_soon).start()
+    params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+    with pytest.raises(EngineDeadError):
+        llm_tp3.generate([[5, 6, 7]] * 4, params, use_tqdm=False)
+    elapsed = time.monotonic() - killed[0]
+    assert elapsed < DEATH_REPORTED_S, f"the death took {elapsed:.1f} s to reach the caller"
+
+
+def test_kill_9_on_the_engine_core_and_its_workers_exit_by_themselves(llm_tp3):
+    workers = _titled("MINIVLLM::Worker_TP")
+    (engine,) = _titled("MINIVLLM::EngineCore")
+    assert all(w.ppid() == engine.pid for w in workers)
+    engine.kill()
+    gone, alive = psutil.wait_procs(workers, timeout=ORPHAN_EXIT_S)
+    assert not alive, f"workers {[p.pid for p in alive]} outlived their engine core"
