@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
-import time
 import warnings
 
 import torch
@@ -63,23 +61,14 @@ def bf16_missing() -> str | None:
 @torch.inference_mode()
 def bf16_slowdown(rows: int = 1, budget_s: float = 0.2) -> float:
     """How many times longer one of SmolLM2's MLP matmuls (576 -> 3072) takes in bfloat16 than
-    in float32 through the model's own Linear, timed interleaved within about budget_s."""
+    in float32 through the model's own Linear, timed side by side (op_selection.paired_ratio)."""
     from minivllm.model.linear import Linear
-    w = torch.randn(3072, 576) / 24
-    runs = {dtype: (Linear(w.to(dtype), torch.get_num_threads()), torch.randn(rows, 576).to(dtype))
-            for dtype in (torch.float32, torch.bfloat16)}
-    for linear, x in runs.values():
-        linear(x)  # warm-up
-    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in runs}
-    end = time.perf_counter() + budget_s
-    while len(times[torch.float32]) < 3 or time.perf_counter() < end:
-        for dtype, (linear, x) in runs.items():
-            start = time.perf_counter()
-            linear(x)
-            times[dtype].append(time.perf_counter() - start)
-        if len(times[torch.float32]) >= 50:
-            break
-    return statistics.median(times[torch.bfloat16]) / statistics.median(times[torch.float32])
+    from minivllm.model.op_selection import paired_ratio
+    w, x = torch.randn(3072, 576) / 24, torch.randn(rows, 576)
+    parts = torch.get_num_threads()
+    bf16, fp32 = Linear(w.bfloat16(), parts), Linear(w, parts)
+    x16 = x.bfloat16()
+    return paired_ratio(lambda: bf16(x16), lambda: fp32(x), budget_s)[0]
 
 
 @functools.cache

@@ -94,28 +94,35 @@ def _quieter_now(measured_at: float) -> bool:
     return measured_at > cores and os.getloadavg()[0] < measured_at / 2
 
 
-def faster(c: Callable[[], object], torch_fn: Callable[[], object],
-           budget_s: float = BUDGET_S) -> dict:
-    """Time two versions of an op, interleaved: {"choice", "c_speedup", "c_us", "torch_us"}
-    (medians, µs per call). The choice is the median of the rounds' C/torch ratios: the
-    two samples of a round are taken side by side, so a neighbour's load cancels in their ratio,
-    and the median ignores the round that a burst hit on one side only."""
-    c(), torch_fn()  # warm-up: first-call allocations, thread pool start
-    slower = max(_once(c), _once(torch_fn), 1e-7)
-    reps = max(1, math.ceil(SAMPLE_S / slower))  # the slower side's sample lasts ~SAMPLE_S
-    samples: dict[str, list[float]] = {"c": [], "torch": []}
+def paired_ratio(a: Callable[[], object], b: Callable[[], object],
+                 budget_s: float = BUDGET_S) -> tuple[float, float, float]:
+    """a and b timed in alternation, after a warm-up: the median of the rounds' a/b ratios, and
+    the median seconds per call of each. A round takes one sample of each side by side, so a
+    neighbour's load cancels in their ratio, and the median ignores a round that a burst hit on
+    one side only. A sample repeats the call until the slower side's lasts about SAMPLE_S."""
+    a(), b()  # warm-up: first-call allocations, thread pool start
+    reps = max(1, math.ceil(SAMPLE_S / max(_once(a), _once(b), 1e-7)))
+    samples: tuple[list[float], list[float]] = ([], [])
     end = time.perf_counter() + budget_s
     for r in range(ROUNDS[1]):
         if r >= ROUNDS[0] and time.perf_counter() > end:
             break
-        for way, fn in (("c", c), ("torch", torch_fn)):
+        for fn, out in zip((a, b), samples):
             start = time.perf_counter()
             for _ in range(reps):
                 fn()
-            samples[way].append((time.perf_counter() - start) / reps * 1e6)
-    ratio = statistics.median(c / t for c, t in zip(samples["c"], samples["torch"]))
+            out.append((time.perf_counter() - start) / reps)
+    ratio = statistics.median(x / y for x, y in zip(*samples))
+    return ratio, statistics.median(samples[0]), statistics.median(samples[1])
+
+
+def faster(c: Callable[[], object], torch_fn: Callable[[], object],
+           budget_s: float = BUDGET_S) -> dict:
+    """The C and torch versions of an op compared (paired_ratio): {"choice", "c_speedup",
+    "c_us", "torch_us"}, C kept where the median ratio says it is not slower."""
+    ratio, c_s, torch_s = paired_ratio(c, torch_fn, budget_s)
     return {"choice": "c" if ratio <= 1 else "torch", "c_speedup": round(1 / ratio, 3),
-            **{f"{way}_us": round(statistics.median(v), 2) for way, v in samples.items()}}
+            "c_us": round(c_s * 1e6, 2), "torch_us": round(torch_s * 1e6, 2)}
 
 
 def _once(fn: Callable[[], object]) -> float:
