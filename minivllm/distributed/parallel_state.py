@@ -61,7 +61,8 @@ def get_tp_group() -> TPGroup:
 
 
 def get_open_port() -> int:
-    """A free TCP port on 127.0.0.1 for the group's rendezvous (vLLM: vllm/utils/network_utils.py:192)."""
+    """A free TCP port on 127.0.0.1 for the group's rendezvous (vLLM:
+    vllm/utils/network_utils.py:192)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -8,7 +8,7 @@ vllm/v1/executor/multiproc_executor.py:125).
                       monitor thread: wait(sentinels)
 
 - One broadcast queue carries every call (vLLM :178); each worker creates its own reply queue
-  and sends its handle through the ready pipe (:725, :887-922).
+  and sends its handle through the ready pipe (:725, :1031-1037).
 - execute_model waits for the output rank's reply only (:406-417, :492-498); collective_rpc
   waits for every rank, with one deadline for the whole call, and names the rank that failed.
 - A monitor thread waits on the workers' sentinels (:364-398). When one dies, it first fails

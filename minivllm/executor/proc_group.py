@@ -13,7 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import BaseContext
 
-from minivllm.utils.mp import START_METHOD_ENV, STOP_GRACE_S, TERM_GRACE_S, ProcHandle, get_mp_context
+from minivllm.utils.mp import (START_METHOD_ENV, STOP_GRACE_S, TERM_GRACE_S, ProcHandle,
+                               get_mp_context)
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def wait_exit(procs: list[ProcHandle], timeout: float | None) -> list[ProcHandle
     deadline = None if timeout is None else time.monotonic() + timeout
     alive = [p for p in procs if p.is_alive()]
     while alive and (deadline is None or time.monotonic() < deadline):
-        multiprocessing.connection.wait([p.sentinel for p in alive],
-                                        None if deadline is None else max(0.0, deadline - time.monotonic()))
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        multiprocessing.connection.wait([p.sentinel for p in alive], left)
         alive = [p for p in alive if p.is_alive()]
     return alive
 

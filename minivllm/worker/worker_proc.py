@@ -5,9 +5,9 @@
 
 The process is started by utils/mp.launch, with vLLM's two pipes: the ready pipe carries the
 handle of the reply queue this worker creates (vllm/v1/executor/multiproc_executor.py:725,
-sent at :887-922), the death pipe tells it to stop (b"stop") or that the engine core is gone
-(EOF). Then the worker loops: dequeue a request, run it, and reply if it is the output rank
-(vLLM's worker_busy_loop, :1154-1193).
+sent at :1031-1037, read by wait_for_ready :887-922), the death pipe tells it to stop
+(b"stop") or that the engine core is gone (EOF). Then the worker loops: dequeue a request, run
+it, and reply if it is the output rank (vLLM's worker_busy_loop, :1154-1193).
 
 A failed forward pass leaves the ranks out of step in their collectives (the others wait in an
 all-reduce this rank never joins), so a rank whose step fails replies with the error if it is
