@@ -99,7 +99,7 @@ def test_kill_9_during_generate_raises_engine_dead_error_within_5_s(tiny_dir):
 def test_an_exception_inside_step_reaches_the_caller_as_engine_dead_error(tiny_dir):
     """The fault is injected into Scheduler.update_from_output in a fresh interpreter that then
     forks the engine core (a fork inherits the patch; this pytest process may already run
-    torch's OpenMP pool, after which engines start with spawn)."""
+    torch's OpenMP pool, in which a forked engine would hang)."""
     out = subprocess.run([sys.executable, __file__, "fault-in-step", tiny_dir],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -113,10 +113,14 @@ def test_an_exception_inside_step_reaches_the_caller_as_engine_dead_error(tiny_d
 
 
 def _fault_in_step_main(model_dir: str) -> None:
-    from minivllm.engine.scheduler import Scheduler
-    from minivllm.utils.mp import START_METHOD_ENV
+    import multiprocessing
 
-    os.environ[START_METHOD_ENV] = "fork"
+    from minivllm.engine import utils
+    from minivllm.engine.scheduler import Scheduler
+
+    # Fork, so the engine inherits the patch: safe here, this interpreter never ran the model
+    # (start_context would pick spawn for the tokenizer's threads, and lose the patch).
+    utils.start_context = lambda: multiprocessing.get_context("fork")
     original, calls = Scheduler.update_from_output, [0]
 
     def failing(self, *args):

@@ -91,10 +91,14 @@ class AsyncLLM:
                         collector.put(out)
                 if to_abort:  # stop strings, found here after detokenizing
                     await self.engine_core.abort_requests_async(to_abort)
-        except EngineDeadError as e:
-            self._dead_error = e
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a dead handler must not leave streams waiting
+            error = e if isinstance(e, EngineDeadError) else EngineDeadError(
+                f"the output handler failed: {e!r}; restart the engine")
+            self._dead_error = error
             for collector in self.collectors.values():
-                collector.put(e)
+                collector.put(error)
 
     async def generate(self, prompt: PromptType,
                        sampling_params: SamplingParams, request_id: str
