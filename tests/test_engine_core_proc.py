@@ -225,6 +225,11 @@ def test_data_parallel_routes_to_the_least_loaded_and_aborts_follow(tiny_dir):
         assert client.reqs_in_flight["r4"] == 1
         with pytest.raises(RuntimeError, match="unknown utility"):
             client.call_utility("shutdown")
+        # collective_rpc reaches the executor's workers, in each engine
+        threads = client.call_utility_all("collective_rpc", "get_num_threads")
+        assert len(threads) == 2 and all(len(t) == 1 and t[0] >= 1 for t in threads)
+        with pytest.raises(RuntimeError, match="no public method"):
+            client.call_utility("collective_rpc", "_private")
         client.abort_requests(["r0", "r2", "r4"])
         assert client.in_flight == [0, 0]
     finally:
