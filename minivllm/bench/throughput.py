@@ -48,7 +48,8 @@ MATMUL_SIZES = (256, 512, 1024, 2048)  # 2048: near the BLAS's peak; smaller whe
 LIMIT_BUDGET_S = 1.0  # seconds per limit reading (--quick: a quarter)
 MIN_CALLS = 2  # timed calls a limit makes even past its budget
 LONG_ROW_S = 20.0  # a row estimated past this says so before it starts
-OPS_ROUNDS = 5  # rounds of the interleaved C ops comparison (--quick: 2)
+OPS_ROUNDS = 9  # rounds of the C ops comparison, 6 steps per mode each (--quick: 2 of 2):
+# many short rounds, because each round's ratio is what survives a busy neighbour
 
 
 @dataclass
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(1)
         if dtype == "float32" and cpu["c_ops"] != "not built":
             bar.set_postfix_str("C ops against torch, batch 1")
-            ops = compare_ops(core, steps // 2, 2 if quick else OPS_ROUNDS)
+            ops = compare_ops(core, 2 if quick else 6, 2 if quick else OPS_ROUNDS)
         core.shutdown()
         del core
     bar.close()
