@@ -28,6 +28,7 @@ from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Tokenizer
+from minivllm.utils import tracing
 
 STATS_SUMMED = ("num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total",
                 "num_preemptions")
@@ -84,7 +85,8 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.engine_core.get_output_async()
-                updated, to_abort = self.output_processor.process_outputs(outputs)
+                with tracing.span("detokenize"):
+                    updated, to_abort = self.output_processor.process_outputs(outputs)
                 for out in updated:
                     collector = self.collectors.get(out.request_id)
                     if collector is not None:

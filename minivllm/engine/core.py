@@ -16,6 +16,7 @@ from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
 from minivllm.executor.abstract import Executor
+from minivllm.utils import tracing
 
 # The methods a client may call by name with call_utility (vLLM looks any method up with
 # getattr, core.py:1771; a list keeps the socket from reaching shutdown or private helpers).
@@ -63,12 +64,15 @@ class EngineCore:
         """Schedule, run the model once, and turn sampled tokens into outputs."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
-        scheduler_output = self.scheduler.schedule()
+        with tracing.span("schedule"):
+            scheduler_output = self.scheduler.schedule()
         if not scheduler_output.req_ids:
             return EngineCoreOutputs()
-        model_output = self.model_executor.execute_model(scheduler_output)
+        with tracing.span("execute_model"):
+            model_output = self.model_executor.execute_model(scheduler_output)
         self.process_aborts_during_step()
-        return self.scheduler.update_from_output(scheduler_output, model_output)
+        with tracing.span("update_from_output"):
+            return self.scheduler.update_from_output(scheduler_output, model_output)
 
     def process_aborts_during_step(self) -> None:
         """Hook between execute and update_from_output: EngineCoreProc applies the aborts that

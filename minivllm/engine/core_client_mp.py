@@ -18,6 +18,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import MPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from minivllm.utils import tracing
 
 _shutdown_ids = itertools.count()
 
@@ -190,7 +191,9 @@ class AsyncMPClient(MPClient):
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
         self._ensure_output_task()
-        await self.input_socket.send_multipart(self._add_frames(request), copy=False)
+        with tracing.span("send"):
+            frames = self._add_frames(request)
+        await self.input_socket.send_multipart(frames, copy=False)
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         self._ensure_output_task()

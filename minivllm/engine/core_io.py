@@ -22,6 +22,7 @@ from minivllm.engine.messages import (
     ENGINE_CORE_DEAD, EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
     UtilityOutput, UtilityRequest)
 from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
+from minivllm.utils import tracing
 from minivllm.utils.zmq import close_all, make_zmq_socket
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class EngineCoreIOMixin:
             for sock, _ in poller.poll():
                 frames = sock.recv_multipart(copy=False)
                 try:
-                    self._receive(sockets.index(sock), frames, decoders)
+                    with tracing.span("input"):
+                        self._receive(sockets.index(sock), frames, decoders)
                 except Exception as e:  # noqa: BLE001 - this thread must outlive any message
                     self._log_drop(f"a message that broke the input thread: {e!r}")
 
@@ -125,12 +127,13 @@ class EngineCoreIOMixin:
                     break
                 client, outputs = item
                 outputs.engine_index = self.engine_index
-                frames = encoder.encode_into(outputs, buffer)
-                if len(frames) == 1:
-                    sockets[client].send(buffer, copy=True)
-                else:  # large arrays out of band, without copies; the buffer goes with them
-                    sockets[client].send_multipart(frames, copy=False)
-                    buffer = bytearray()
+                with tracing.span("output"):
+                    frames = encoder.encode_into(outputs, buffer)
+                    if len(frames) == 1:
+                        sockets[client].send(buffer, copy=True)
+                    else:  # large arrays out of band, no copies; the buffer goes with them
+                        sockets[client].send_multipart(frames, copy=False)
+                        buffer = bytearray()
         finally:
             close_all(*sockets, linger=OUTPUT_LINGER_MS)
             ctx.term()

@@ -39,6 +39,7 @@ from minivllm.engine.messages import (
     FinishReason, UtilityOutput, UtilityRequest)
 from minivllm.engine.utils import (
     ADDRESSES_TIMEOUT_S, EngineZmqAddresses, HandshakeFailed, HandshakeHello, HandshakeReady)
+from minivllm.utils import tracing
 from minivllm.utils.mp import ChildLink
 from minivllm.utils.zmq import close_all, dp_rank_identity, make_zmq_socket
 
@@ -190,6 +191,7 @@ def run_engine_core(link: ChildLink, config: EngineConfig, engine_index: int,
     from setproctitle import setproctitle
 
     setproctitle(f"MINIVLLM::EngineCore_{engine_index}")
+    tracing.set_process_name(f"MINIVLLM::EngineCore_{engine_index}")
     link.ready()  # the process runs; the ZMQ handshake below reports the rest
     engine: EngineCoreProc | None = None
     stop = threading.Event()

@@ -43,6 +43,7 @@ from minivllm.executor.abstract import Executor, FailureCallback
 from minivllm.executor.messages import ExecuteModel, RPCCall, RPCError, RPCResponse
 from minivllm.serial import MsgpackDecoder
 from minivllm.executor.proc_group import launch_all, stop_all, worker_mp_context
+from minivllm.utils import tracing
 from minivllm.utils.mp import ProcHandle, launch
 from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files, worker_main
 
@@ -147,9 +148,11 @@ class MultiprocExecutor(Executor):
         start = time.perf_counter()
         deadline = time.monotonic() + EXECUTE_MODEL_TIMEOUT_S
         call = ExecuteModel(next(self._call_ids), self.output_rank, scheduler_output)
-        self._broadcast(call, deadline, "execute_model")
-        reply = self._wait_reply(self.output_rank, call.call_id, deadline, "execute_model",
-                                 EXECUTE_MODEL_TIMEOUT_S)
+        with tracing.span("broadcast"):
+            self._broadcast(call, deadline, "execute_model")
+        with tracing.span("wait_reply"):
+            reply = self._wait_reply(self.output_rank, call.call_id, deadline,
+                                     "execute_model", EXECUTE_MODEL_TIMEOUT_S)
         end = time.perf_counter()
         if isinstance(reply, RPCError):
             self._raise_if_a_worker_died(reply)

@@ -17,6 +17,7 @@ from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
 from minivllm.model.sampler import sample
+from minivllm.utils import tracing
 
 
 class ModelRunner:
@@ -48,8 +49,10 @@ class ModelRunner:
         slots = tables[row_of_token, positions // self.block_size] * self.block_size \
             + positions % self.block_size
         meta = self._attention_metadata(q_lens, computed, tables, new_starts, slots)
-        hidden = self.model.forward(torch.from_numpy(so.input_token_ids[token_idx].astype(np.int64)),
-                                    torch.from_numpy(positions), self.kv_caches, meta)
+        with tracing.span("forward"):
+            hidden = self.model.forward(
+                torch.from_numpy(so.input_token_ids[token_idx].astype(np.int64)),
+                torch.from_numpy(positions), self.kv_caches, meta)
         rows = np.flatnonzero(so.sample_rows[order])
         sampled = np.full(num_rows, -1, np.int32)
         if rows.size:
@@ -59,8 +62,9 @@ class ModelRunner:
             if logits is None:  # a tensor-parallel rank that is not the output rank
                 return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
             orig = order[rows]
-            tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
-                so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
+            with tracing.span("sample"):
+                tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
+                    so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
             sampled[orig] = tokens.numpy()
         return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
 

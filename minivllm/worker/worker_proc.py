@@ -35,6 +35,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.executor.messages import (ExecuteModel, RPCCall, RPCError, RPCRequest, RPCResult,
                                         StepResult, StepTiming)
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.utils import tracing
 from minivllm.utils.mp import ChildLink
 from minivllm.worker.worker import Worker
 
@@ -152,6 +153,7 @@ def worker_main(link: ChildLink, config: EngineConfig, rank: int, broadcast_hand
     """The target that utils/mp.launch runs in the worker process."""
     from setproctitle import setproctitle
     setproctitle(process_title(rank, config.tensor_parallel_size))
+    tracing.set_process_name(process_title(rank, config.tensor_parallel_size))
     proc = WorkerProc(config, rank, broadcast_handle, distributed_init_method)
     link.ready(proc.worker_response_mq.export_handle())
 
@@ -172,6 +174,7 @@ def worker_main(link: ChildLink, config: EngineConfig, rank: int, broadcast_hand
     proc.shutdown(engine_core_died=link.parent_died)
     # Leave without the interpreter's teardown: with a peer gone, destroying the gloo process
     # group blocked for over 5 s here (the executor's grace before SIGTERM).
+    tracing.flush()  # os._exit skips the exit hooks that would write the trace
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
