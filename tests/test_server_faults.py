@@ -114,10 +114,29 @@ def test_two_api_servers_and_two_engines_share_the_port_and_trace(tiny_dir, tmp_
     events = json.load(open(trace))["traceEvents"]
     names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert {"MINIVLLM::APIServer_0", "MINIVLLM::APIServer_1"} <= names, names
+    assert {"MINIVLLM::EngineCore_0", "MINIVLLM::EngineCore_1"} <= names, names
     spans = {e["name"] for e in events if e["ph"] == "X"}
-    assert {"http_parse", "tokenize", "sse_write"} <= spans, spans
-    pids = {e["pid"] for e in events if e["ph"] == "X"}
-    assert pids, "no spans recorded"
+    assert {"http_parse", "tokenize", "send", "detokenize", "sse_write", "input", "schedule",
+            "execute_model", "forward", "sample", "update_from_output", "output"} <= spans, spans
+
+
+@pytest.mark.skipif(not _has_tensor_parallel(), reason="needs the multiprocess executor (-tp)")
+def test_trace_of_tensor_parallel_workers(tiny_dir, tmp_path):
+    trace = str(tmp_path / "trace.json")
+    with ServerProcess([tiny_dir, "-tp", "3", "--trace", trace]) as server:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4},
+                       timeout=30)
+        assert r.status_code == 200
+        assert server.stop() == 0, server.output()[-2000:]
+    events = json.load(open(trace))["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    by_process: dict[str, set] = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_process.setdefault(procs.get(e["pid"], "?"), set()).add(e["name"])
+    assert {"broadcast", "wait_reply"} <= by_process["MINIVLLM::EngineCore_0"], by_process
+    for worker in ("MINIVLLM::Worker_TP0", "MINIVLLM::Worker_TP1", "MINIVLLM::Worker_TP2"):
+        assert {"forward"} <= by_process.get(worker, set()), by_process
 
 
 def test_sigterm_stops_a_single_server_cleanly(tiny_dir):

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import sys
 import time
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Iterator
@@ -135,8 +136,9 @@ def build_app(engine: Any, served_model_names: list[str], api_key: str | None = 
         if not engine.errored:
             try:
                 metrics.update_engine_stats(await engine.get_stats())
-            except Exception:  # noqa: BLE001 - the engine died during the scrape
-                pass
+            except Exception as e:  # noqa: BLE001 - the gauges keep their last values
+                print(f"minivllm serve: /metrics could not read the engine's stats: {e!r}",
+                      file=sys.stderr, flush=True)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     if api_key:
