@@ -78,9 +78,16 @@ def draw_timeline(events: list[dict], ax, start_us: float | None = None,
     names = sorted({e["name"] for e in spans})
     cmap = plt.get_cmap("tab20")
     colour = {n: cmap(i % 20) for i, n in enumerate(names)}
-    for e in spans:
+    open_ends: dict[int, list[float]] = {}  # per row, the ends of the spans still open
+    for e in sorted(spans, key=lambda e: (e["ts"], -e["dur"])):
+        row = row_of[(e["pid"], e["tid"])]
+        stack = open_ends.setdefault(row, [])
+        while stack and stack[-1] <= e["ts"]:
+            stack.pop()
+        depth = min(len(stack), 3)  # a nested span is drawn thinner, inside its parent
+        stack.append(e["ts"] + e["dur"])
         ax.broken_barh([((e["ts"] - start_us) / 1000, max(e["dur"] / 1000, 0.02))],
-                       (row_of[(e["pid"], e["tid"])] - 0.4, 0.8), color=colour[e["name"]])
+                       (row - 0.4 + 0.15 * depth, 0.8 - 0.3 * depth), color=colour[e["name"]])
     ax.set_xlim(0, (end_us - start_us) / 1000)
     ax.set_yticks(range(len(rows)), [r[2] for r in rows], fontsize=7)
     ax.invert_yaxis()
