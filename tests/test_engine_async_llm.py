@@ -23,7 +23,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def run(tiny_dir, scenario, **engine_args):
-    """asyncio.run(scenario(llm)) with an AsyncLLM that is shut down afterwards, whatever happens."""
+    """asyncio.run(scenario(llm)), then the AsyncLLM is shut down, whatever happened."""
     llm = AsyncLLM(EngineConfig(model=tiny_dir, **engine_args))
     try:
         return asyncio.run(scenario(llm))

@@ -55,7 +55,7 @@ def llm(tiny_dir):
 
 
 class in_process:
-    """MINIVLLM_ENABLE_V1_MULTIPROCESSING=0 inside the block: LLM steps the engine in this process."""
+    """MINIVLLM_ENABLE_V1_MULTIPROCESSING=0 inside the block: LLM steps the engine here."""
 
     def __enter__(self):
         self.old = os.environ.get(MULTIPROCESSING_ENV)

@@ -17,7 +17,8 @@ EOS = 2
 def make(**kw):
     kw.setdefault("block_size", 4)
     kw.setdefault("num_kv_blocks", 256)
-    kw.setdefault("max_model_len", min(1024, kw["num_kv_blocks"] * kw["block_size"]))  # as EngineConfig
+    # as EngineConfig: the model's 1024 positions, capped by the cache
+    kw.setdefault("max_model_len", min(1024, kw["num_kv_blocks"] * kw["block_size"]))
     return Scheduler(SchedulerConfig(**kw))
 
 
