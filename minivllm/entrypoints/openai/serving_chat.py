@@ -25,9 +25,8 @@ from minivllm.engine.output_processor import RequestOutput
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionChoice, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionStreamChoice,
     ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
-from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                        openai_finish_reason, random_id, sse,
-                                                        usage)
+from minivllm.entrypoints.openai.serving_engine import (
+    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
 from minivllm.utils import tracing
 
 
@@ -57,13 +56,7 @@ class OpenAIServingChat(OpenAIServing):
     async def full(self, request: ChatCompletionRequest,
                    results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
                    model: str, num_prompt: int) -> ChatCompletionResponse:
-        final: dict[int, RequestOutput] = {}
-        try:
-            async for i, out in results:
-                if out.finished:
-                    final[i] = out
-        finally:
-            await results.aclose()
+        final = await collect_final(results)
         choices = [ChatCompletionChoice(i, ResponseMessage(final[i].outputs[0].text),
                                         openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]

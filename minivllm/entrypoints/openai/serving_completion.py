@@ -16,9 +16,8 @@ from typing import AsyncGenerator, AsyncIterator
 from minivllm.engine.output_processor import RequestOutput
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
-from minivllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                        openai_finish_reason, random_id, sse,
-                                                        usage)
+from minivllm.entrypoints.openai.serving_engine import (
+    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
 from minivllm.utils import tracing
 
 
@@ -48,13 +47,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def full(self, results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
                    model: str, num_prompt: int) -> CompletionResponse:
-        final: dict[int, RequestOutput] = {}
-        try:
-            async for i, out in results:
-                if out.finished:
-                    final[i] = out
-        finally:
-            await results.aclose()
+        final = await collect_final(results)
         choices = [CompletionChoice(i, final[i].outputs[0].text,
                                     openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]

@@ -170,6 +170,19 @@ class OpenAIServing:
         return merge_async_iterators(gens)
 
 
+async def collect_final(results: AsyncIterator[tuple[int, RequestOutput]]
+                        ) -> dict[int, RequestOutput]:
+    """The last (finished) output of each choice, for a whole (non-streamed) response."""
+    final: dict[int, RequestOutput] = {}
+    try:
+        async for i, out in results:
+            if out.finished:
+                final[i] = out
+    finally:
+        await results.aclose()  # cancelled (the client left): abort what still runs
+    return final
+
+
 async def merge_async_iterators(gens: list[AsyncGenerator[Any, None]]
                                 ) -> AsyncGenerator[tuple[int, Any], None]:
     """Items of several async generators as they come, tagged with the generator's index.
