@@ -29,6 +29,7 @@ from minivllm.serial import MsgpackEncoder
 
 RT = EngineCoreRequestType
 DEATH_DEADLINE_S = 5.0  # the bound: a blocked caller learns of a death this fast
+EXIT_WAIT_S = 60.0  # a clean exit is checked by its exit code, not its speed (linger, teardown)
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +272,7 @@ def test_sigterm_aborts_what_runs_and_exits_cleanly(tiny_dir):
         os.kill(handle.pid, signal.SIGTERM)
         aborted = run_until_finished(client, ["long"])["long"][1]
         assert aborted.finish_reason == FinishReason.ABORT and "shut down" in aborted.error
-        handle.process.join(DEATH_DEADLINE_S)
+        handle.process.join(EXIT_WAIT_S)
         assert handle.process.exitcode == 0
         with pytest.raises(EngineDeadError, match="exit code 0"):
             client.get_output()
