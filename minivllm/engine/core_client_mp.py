@@ -23,6 +23,17 @@ from minivllm.utils import tracing
 _shutdown_ids = itertools.count()
 
 
+
+def settle(future: Future | asyncio.Future, result: Any = None,
+           exception: BaseException | None = None) -> None:
+    """Complete a utility call's future once: a late reply or a second death is ignored."""
+    if future.done():
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result)
+
 class SyncMPClient(MPClient):
     def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
                  client_index: int = 0) -> None:
@@ -65,12 +76,7 @@ class SyncMPClient(MPClient):
 
     def _set_future(self, future: Future, result: Any = None,
                     exception: BaseException | None = None) -> None:
-        if future.done():
-            return
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
+        settle(future, result, exception)
 
     def get_output(self) -> EngineCoreOutputs:
         item = self.outputs_queue.get()
@@ -171,14 +177,7 @@ class AsyncMPClient(MPClient):
 
     def _set_future(self, future: asyncio.Future, result: Any = None,
                     exception: BaseException | None = None) -> None:
-        def settle() -> None:
-            if future.done():
-                return
-            if exception is not None:
-                future.set_exception(exception)
-            else:
-                future.set_result(result)
-        self._in_loop(settle)
+        self._in_loop(settle, future, result, exception)
 
     async def get_output_async(self) -> EngineCoreOutputs:
         self._ensure_output_task()
