@@ -19,9 +19,10 @@ SHM_DIR = "/dev/shm"
 MIB = 1 << 20
 NOT_READY = object()  # write(): the chunk is not free yet; read(): nothing new in it yet
 
-# A lock acquire + release is a full memory barrier on every platform CPython runs on
-# (pthread mutexes are built on atomic read-modify-write instructions with acquire and
-# release semantics). vLLM does the same: shm_broadcast.py:84-104 (vLLM 0.33.0).
+# A lock acquire + release as a fence, as vLLM does (shm_broadcast.py:84-104, vLLM 0.33.0).
+# On x86 it is a full barrier: the mutex's atomic read-modify-write is a locked instruction.
+# The C11 and ARMv8 models promise only acquire and release orderings for a lock, which do
+# not order a store before a later load (chapter 05 says so).
 _FENCE = threading.Lock()
 # Bound once: the hot paths below fence three times per message on each side, and bound
 # methods skip an attribute lookup per call (chapter 05 measures a fence).
@@ -29,7 +30,8 @@ _fence_in, _fence_out = _FENCE.acquire, _FENCE.release
 
 
 def memory_fence() -> None:
-    """Order every load and store before this call before every one after it, across cores."""
+    """Order every load and store before this call before every one after it (a full barrier
+    on x86; see the note on _FENCE for other memory models)."""
     _fence_in()
     _fence_out()
 
