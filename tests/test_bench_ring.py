@@ -1,4 +1,4 @@
-"""`minivllm bench ring --quick --json`: the JSON has the structure DESIGN.md names (no timings)."""
+"""`minivllm bench ring --quick --json`: the JSON has the structure every benchmark writes (no timings)."""
 
 import json
 

@@ -4,7 +4,7 @@ Batch invariance: 32 prompts of mixed lengths generated together, through the en
 process, give the greedy tokens of generating each alone in this process (InprocClient), with
 prefix caching on and off, under preemption forced by a KV cache too small for the batch, and
 over two data-parallel engine cores. So the engine process and DP change nothing but where the
-work runs. Comparisons follow DESIGN.md's near-tie rule (tiny_model.assert_greedy_match)."""
+work runs. Comparisons follow the near-tie rule (tiny_model.assert_greedy_match)."""
 
 import os
 

@@ -1,7 +1,7 @@
 """minivllm against an independent implementation: HF transformers reads the same GGUF
 (its own parser, dequantizer and q/k un-permutation) and runs its own LlamaForCausalLM, in
 float32. minivllm's greedy tokens for 6 prompts x 32 tokens, generated as one batch, must match,
-under DESIGN.md's near-tie rule; and teacher-forced on the reference's tokens, minivllm's logits
+under the near-tie rule; and teacher-forced on the reference's tokens, minivllm's logits
 must match the reference's at every one of those positions."""
 
 import pytest

@@ -1,7 +1,7 @@
 """Tensor parallelism: three worker processes, each holding a third of every layer, all-reducing
 over gloo, give the single-process model's outputs.
 
-Greedy tokens follow DESIGN.md's near-tie rule (tiny_model.assert_greedy_match): the
+Greedy tokens follow the near-tie rule (tiny_model.assert_greedy_match): the
 all-reduce sums the three partial products in another order than one matmul does, so a token
 may flip only where the reference's top two logits are within NEAR_TIE. Teacher-forced on the
 same tokens, every logit must agree within LOGIT_ATOL at every position.

@@ -99,7 +99,7 @@ def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
 
 def assert_greedy_match(reference: list[int], candidate: list[int], ref_logits: "torch.Tensor",
                         eps: float, what: str) -> None:
-    """DESIGN.md's near-tie rule. Tokens must agree up to the first position where they differ;
+    """the near-tie rule. Tokens must agree up to the first position where they differ;
     there, the reference's top-2 margin must be below `eps` and the candidate's token must be
     within `eps` of the reference's best logit: a flip between near-equal tokens, which any
     change in summation order may cause. Later tokens follow different contexts and are not

@@ -1,6 +1,6 @@
 """What every benchmark shares: quick mode, medians, the machine record, the JSON file.
 
-The JSON object is the one DESIGN.md names: {"bench", "machine", "results", "ratios"}.
+Every benchmark writes one JSON object: {"bench", "machine", "results", "ratios"}.
 """
 
 from __future__ import annotations
