@@ -1,5 +1,6 @@
 """`minivllm bench overhead --quick` runs end to end on the tiny model and writes the
-benchmarks' common JSON record with the issue's headline ratio (timings are reported, never asserted)."""
+benchmarks' common JSON record with the issue's headline ratio (timings are reported,
+never asserted)."""
 
 import json
 
