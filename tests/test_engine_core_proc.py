@@ -272,12 +272,7 @@ def test_sigterm_aborts_what_runs_and_exits_cleanly(tiny_dir):
         os.kill(handle.pid, signal.SIGTERM)
         aborted = run_until_finished(client, ["long"])["long"][1]
         assert aborted.finish_reason == FinishReason.ABORT and "shut down" in aborted.error
-        # The client's death monitor reaps the engine too; a join racing it can return with
-        # exitcode None (multiprocessing's waitpid gets ECHILD), so ask again until it is known.
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while handle.process.exitcode is None and time.monotonic() < deadline:
-            handle.process.join(0.1)
-        assert handle.process.exitcode == 0
+        assert handle.exit_code(timeout=EXIT_WAIT_S) == 0  # the death monitor reaps it too
         with pytest.raises(EngineDeadError, match="exit code 0"):
             client.get_output()
     finally:

@@ -126,9 +126,8 @@ class CoreEngineProcManager:
 
     def describe_death(self, index: int) -> str:
         handle = self.handles[index]
-        handle.process.join(1.0)
         return (f"engine core {index} (pid {handle.pid}) died with exit code "
-                f"{handle.process.exitcode}")
+                f"{handle.exit_code(timeout=1.0)}")
 
     def close(self) -> None:
         """Stop every engine (ask, SIGTERM, SIGKILL) and remove the socket files. Idempotent."""

@@ -230,9 +230,7 @@ class MultiprocExecutor(Executor):
         threading.Thread(target=monitor_workers, daemon=True, name="MultiprocWorkerMonitor").start()
 
     def _on_worker_death(self, dead: WorkerProcHandle) -> None:
-        deadline = time.monotonic() + 1.0  # another thread may be reaping it right now
-        while (code := dead.proc.process.exitcode) is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        code = dead.proc.exit_code(timeout=1.0)
         how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
         self.failure = (f"worker {self._who(dead.rank)} died ({how}); the engine cannot run "
                         "another step. See the worker's log above")

@@ -268,6 +268,15 @@ class ProcHandle:
     def is_alive(self) -> bool:
         return self.process.is_alive()
 
+    def exit_code(self, timeout: float = 1.0) -> int | None:
+        """The child's exit code, waiting at most timeout s for it. Two threads that reap one
+        child race: the loser's waitpid gets ECHILD and multiprocessing reports None until the
+        winner has stored the code, so this asks again instead of trusting one join."""
+        deadline = time.monotonic() + timeout
+        while (code := self.process.exitcode) is None and time.monotonic() < deadline:
+            self.process.join(0.01)
+        return code
+
     def request_stop(self) -> None:
         """The polite step alone: the child's link.should_stop() becomes True."""
         if not self._death_writer.closed:
