@@ -17,6 +17,7 @@ TEXTS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.md"))
 CELL_TIMEOUT_S = 180  # one cell in quick mode; a hang fails the chapter instead of CI
 # A cell that draws: it calls pyplot or displays a PNG. It must leave an image in its outputs.
 PLOTS = re.compile(r"\bplt\.\w+\(|display\(Image\(")
+PAIRING = "ipynb,md:myst"  # every notebook's jupytext.formats: the pair, in the file itself
 KEPT_METADATA = ("tags",)  # cell metadata that changes how a cell runs; the rest is editor state
 
 
@@ -34,6 +35,10 @@ def pair_difference(ipynb: Path, text: Path) -> str:
     nb = nbformat.read(ipynb, 4)
     if nb.metadata.get("kernelspec", {}).get("name") != "python3":
         return f"{ipynb.name} names no python3 kernel: start {text.name} with the header in chapters/README.md"
+    if nb.metadata.get("jupytext", {}).get("formats") != PAIRING:
+        return (f"{ipynb.name} does not name its pair in its metadata (Jupyter without "
+                f"chapters/jupytext.toml would not sync it): run `.venv/bin/jupytext "
+                f"--set-formats {PAIRING} chapters/{ipynb.name}`")
     a, b = nb.cells, jupytext.read(text).cells
     for i, (x, y) in enumerate(zip(a, b)):
         if cell_key(x) != cell_key(y):
