@@ -12,8 +12,11 @@ import time
 import numpy as np
 import pytest
 
+from msgspec import msgpack
+
 from minivllm.distributed.shm_broadcast import MessageQueue, QueueShutdown
 from minivllm.distributed.shm_ring import ShmRingBuffer, check_shm_free_space
+from minivllm.serial import DecodeError
 
 # The interpreter's resource tracker (which unlinks a crashed creator's segments) is one
 # process per interpreter, started at the first segment: start it before any test's snapshot.
@@ -270,6 +273,43 @@ def test_dequeued_arrays_do_not_alias_the_ring():
             writer.enqueue({"ids": np.full(8, -1 - lap, dtype=np.int32), "tag": "later"})
             assert reader.dequeue(timeout=5)["tag"] == "later"
         assert first["ids"].tolist() == list(range(8)) and first["tag"] == "first"
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_message_that_does_not_decode_is_consumed_and_the_next_one_follows():
+    """The reader decodes in the chunk it holds: a DecodeError there must still release the
+    chunk and move on, or the reader would fail on the same chunk forever."""
+    writer = MessageQueue(1, 1, max_chunk_bytes=1024, max_chunks=2)
+    reader = attach_reader(writer)
+    try:
+        for lap in range(3):  # both chunks, more than once: the flags were released each time
+            writer.enqueue(msgpack.Ext(99, b"?"))  # an ext code no decoder knows
+            writer.enqueue(f"after {lap}")
+            with pytest.raises(DecodeError, match="unknown msgpack ext code 99"):
+                reader.dequeue(timeout=5)
+            assert reader.dequeue(timeout=5) == f"after {lap}"
+    finally:
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.parametrize("n_local", [1, 0])
+def test_a_body_handed_to_zmq_is_not_rewritten_by_the_next_message(n_local):
+    """The writer encodes every body into one reused buffer. A body bigger than a chunk goes
+    to a socket without a copy (over 64 KiB pyzmq keeps a reference and sends it later), and so
+    does every message to a remote reader: the next message must not encode over it."""
+    writer = MessageQueue(1, n_local, max_chunk_bytes=1024, max_chunks=8)
+    reader = attach_reader(writer)
+    try:
+        big = [bytes([i]) * 200_000 for i in range(3)]  # bin values inline in the body
+        for i, body in enumerate(big):
+            writer.enqueue(body)
+            writer.enqueue(f"small {i}")
+        for i, body in enumerate(big):
+            assert reader.dequeue(timeout=5) == body
+            assert reader.dequeue(timeout=5) == f"small {i}"
     finally:
         reader.close()
         writer.close()

@@ -90,12 +90,14 @@ class RawRing:
 
     def send(self, msg) -> None:
         ring, idx = self.ring, self.idx
-        _spin(lambda: ring.write(idx, _raw_fill, msg), "writer waited on a full ring")
+        if ring.write(idx, _raw_fill, msg) is NOT_READY:  # the spin loop only when it must wait
+            _spin(lambda: ring.write(idx, _raw_fill, msg), "writer waited on a full ring")
         self.idx = (idx + 1) % ring.max_chunks
 
     def recv(self):
         ring, idx, rank = self.ring, self.idx, self.rank
-        got = _spin(lambda: ring.read(idx, rank, _raw_copy_out), "reader waited on an empty ring")
+        if (got := ring.read(idx, rank, _raw_copy_out)) is NOT_READY:
+            got = _spin(lambda: ring.read(idx, rank, _raw_copy_out), "reader waited on an empty ring")
         self.idx = (idx + 1) % ring.max_chunks
         return got
 

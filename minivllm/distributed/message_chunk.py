@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import functools
 import struct
+from typing import Any
 
 OVERFLOW = 1
+OVERFLOWED = object()  # decode_from(): this chunk's message is on the overflow socket
 MAX_FRAMES = 0xFFFF  # the count is a u16
 _COUNT = struct.Struct("<BH")  # overflow byte, frame count
 LENGTH_BYTES = 4
 # The common message is the msgpack body alone (no array is large enough to go out of band):
 # its whole header in one struct, packed and unpacked in one call.
 _ONE_FRAME = struct.Struct("<BHI")
+_ONE_SIZE, _pack_one, _unpack_one = _ONE_FRAME.size, _ONE_FRAME.pack_into, _ONE_FRAME.unpack_from
 
 
 def packed_size(sizes: list[int]) -> int:
@@ -35,14 +38,14 @@ def packed_size(sizes: list[int]) -> int:
 def pack_into(buf: memoryview, start: int, size: int, frames: list) -> bool:
     """Write the frames into buf[start:start + size] and return True; or write only OVERFLOW
     there and return False. Frames are bytes or buffers (MsgpackEncoder's output)."""
-    if len(frames) == 1 and type(frames[0]) is bytes:
-        body = frames[0]
-        end = start + _ONE_FRAME.size + len(body)
-        if end > start + size:
+    if len(frames) == 1 and (type(body := frames[0]) is bytearray or type(body) is bytes):
+        n = len(body)
+        if _ONE_SIZE + n > size:
             buf[start] = OVERFLOW
             return False
-        _ONE_FRAME.pack_into(buf, start, 0, 1, len(body))
-        buf[start + _ONE_FRAME.size:end] = body
+        _pack_one(buf, start, 0, 1, n)
+        begin = start + _ONE_SIZE
+        buf[begin:begin + n] = body
         return True
     views = [_bytes_view(f) for f in frames]
     sizes = [v.nbytes for v in views]
@@ -80,6 +83,20 @@ def unpack_from(buf: memoryview, start: int) -> list | None:
         frames.append(data[offset:offset + n])
         offset += n
     return frames
+
+
+def decode_from(decoder: Any, buf: memoryview, start: int) -> Any:
+    """The message in the chunk at buf[start:], decoded by decoder (a MsgpackDecoder) while
+    the chunk is held; OVERFLOWED if its frames went to the socket. The common one-frame
+    message is decoded in place, without copying the body out first, as vLLM unpickles
+    straight from the ring (shm_broadcast.py:990-1003). The result refers to none of buf."""
+    overflow, count, first = _unpack_one(buf, start)
+    if overflow:
+        return OVERFLOWED
+    if count == 1:
+        begin = start + _ONE_SIZE
+        return decoder.decode_borrowed(buf[begin:begin + first])
+    return decoder.decode(unpack_from(buf, start))
 
 
 def _bytes_view(frame) -> memoryview:

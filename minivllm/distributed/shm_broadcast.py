@@ -14,6 +14,7 @@ local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broa
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -24,9 +25,9 @@ import zmq
 
 from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
-from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, notify_due,
+from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, next_notify,
                                                  notify_socket)
-from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import ipc_address
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
@@ -92,6 +93,7 @@ class MessageQueue:
         self = MessageQueue.__new__(MessageQueue)
         self._init_common(is_writer=False)
         self.handle, self.decoder = handle, decoder or MsgpackDecoder()
+        self._decode_chunk = functools.partial(message_chunk.decode_from, self.decoder)
         if rank in handle.local_reader_ranks:
             self.local_reader_rank = handle.local_reader_ranks.index(rank)
             self.buffer = ShmRingBuffer(*handle.buffer_handle)
@@ -114,7 +116,8 @@ class MessageQueue:
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
         self._overflow_pending = False  # reader: an overflow chunk was read, its frames were not
-        self._last_notify = float("-inf")
+        self._next_notify = float("-inf")  # writer: enqueues from then on notify the readers
+        self._body = bytearray()  # writer: the msgpack body, reused until zmq is handed it
 
     def _xpub(self, address: str) -> zmq.Socket:
         sock = self.context.socket(zmq.XPUB)
@@ -171,26 +174,28 @@ class MessageQueue:
         """Broadcast obj to every reader; wait at most timeout s for a free chunk."""
         if not self.is_writer:
             raise RuntimeError("only the writer enqueues; readers call dequeue()")
-        frames = self.encoder.encode(obj)
-        if self.buffer is not None:
-            self._write_local(frames, timeout)
-        if self.remote_socket is not None:
-            self.remote_socket.send_multipart(frames, copy=False)
-
-    def _write_local(self, frames: list, timeout: float | None) -> None:
-        ring, idx = self.buffer, self.current_idx
-        packed = ring.write(idx, message_chunk.pack_into, frames)
-        if packed is NOT_READY:
-            self._wait_writable(idx, timeout)
+        # The body is encoded into one reused buffer, then copied into the chunk: no new
+        # bytes object per message (see _send for the one exception).
+        frames = self.encoder.encode_into(obj, self._body)
+        ring = self.buffer
+        if ring is not None:
+            idx = self.current_idx
             packed = ring.write(idx, message_chunk.pack_into, frames)
-        self.current_idx = idx + 1 if idx + 1 < ring.max_chunks else 0
-        overflow = not packed
-        if overflow:
-            self.local_socket.send_multipart(frames, copy=False)
-        now = time.monotonic()
-        if notify_due(self.handle.busy_loop_s, self._last_notify, now):
-            self._last_notify = now
-            self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
+            if packed is NOT_READY:
+                self._wait_writable(idx, timeout)
+                packed = ring.write(idx, message_chunk.pack_into, frames)
+            self.current_idx = idx + 1 if idx + 1 < ring.max_chunks else 0
+            if not packed:  # overflow: the chunk keeps the place, the frames go on the socket
+                self._send(self.local_socket, frames)
+            if (now := time.monotonic()) >= self._next_notify:
+                self._next_notify = next_notify(self.handle.busy_loop_s, now)
+                self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
+        if self.remote_socket is not None:
+            self._send(self.remote_socket, frames)
+
+    def _send(self, sock: zmq.Socket, frames: list) -> None:
+        sock.send_multipart(frames, copy=False)
+        self._body = bytearray()  # zmq may still read the old body: never write it again
 
     def _wait_writable(self, idx: int, timeout: float | None) -> None:
         start, pause = time.monotonic(), 0.0
@@ -211,44 +216,55 @@ class MessageQueue:
 
     # --- readers -------------------------------------------------------------------------
     def dequeue(self, timeout: float | None = None) -> Any:
-        """The next message, in order; TimeoutError after timeout s without one."""
-        if self.buffer is not None and not self.is_writer:
-            frames = self._read_local(timeout)
-        elif self.remote_socket is not None and not self.is_writer:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            frames = self._recv(self.remote_socket, deadline, "a message from the writer over tcp")
-        else:
-            raise RuntimeError("only readers dequeue; the writer calls enqueue()")
-        return self.decoder.decode(frames)
-
-    def _read_local(self, timeout: float | None) -> list:
+        """The next message, in order; TimeoutError after timeout s without one. A message
+        that does not decode raises DecodeError and is consumed: the next call reads the next."""
+        ring = self.buffer
+        if ring is None or self.is_writer:
+            return self._dequeue_remote(timeout)
         if self._overflow_pending:  # a timeout left this message's frames on the socket
             return self._recv_overflow(None if timeout is None else time.monotonic() + timeout)
-        idx, rank, ring = self.current_idx, self.local_reader_rank, self.buffer
+        idx, rank = self.current_idx, self.local_reader_rank
         deadline = None  # computed only when the reader has to wait
-        frames = ring.read(idx, rank, message_chunk.unpack_from)
-        if frames is NOT_READY:
-            deadline = self._wait_readable(idx, timeout)
-            frames = ring.read(idx, rank, message_chunk.unpack_from)
-        if idx + 1 < ring.max_chunks:
+        try:
+            obj = ring.read(idx, rank, self._decode_chunk)
+            if obj is NOT_READY:
+                deadline = self._wait_readable(idx, timeout)
+                obj = ring.read(idx, rank, self._decode_chunk)
+        except DecodeError:
+            self._advance(idx)  # ring.read released the chunk: the bad message is consumed
+            raise
+        if idx + 1 < ring.max_chunks:  # _advance(idx), inline on the hot path
             self.current_idx = idx + 1
         else:
-            self.current_idx = 0
-            self.spin.drain_if_due(time.monotonic())
-        if frames is None:  # overflow: the frames come on the socket, in the same order
+            self._advance(idx)
+        if obj is message_chunk.OVERFLOWED:  # the frames come on the socket, in the same order
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
             self._overflow_pending = True
             return self._recv_overflow(deadline)
-        return frames
+        return obj
 
-    def _recv_overflow(self, deadline: float | None) -> list:
-        """The frames of the overflow chunk already released. A timeout here keeps the debt:
+    def _dequeue_remote(self, timeout: float | None) -> Any:
+        if self.remote_socket is None or self.is_writer:
+            raise RuntimeError("only readers dequeue; the writer calls enqueue()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        frames = self._recv(self.remote_socket, deadline, "a message from the writer over tcp")
+        return self.decoder.decode(frames)
+
+    def _advance(self, idx: int) -> None:
+        if idx + 1 < self.buffer.max_chunks:
+            self.current_idx = idx + 1
+        else:
+            self.current_idx = 0
+            self.spin.drain_if_due(time.monotonic())
+
+    def _recv_overflow(self, deadline: float | None) -> Any:
+        """The message of the overflow chunk already released. A timeout here keeps the debt:
         the next dequeue() waits for these frames first, so no message is lost or reordered."""
         frames = self._recv(self.local_socket, deadline,
                             "an overflow message on " + _endpoint(self.local_socket))
         self._overflow_pending = False
-        return frames
+        return self.decoder.decode(frames)
 
     def _wait_readable(self, idx: int, timeout: float | None) -> float | None:
         """Spin, then block, until chunk idx is readable; return the deadline."""

@@ -180,13 +180,15 @@ class ShmRingBuffer:
 
     def read(self, idx: int, reader: int, copy_out: Callable[[memoryview, int], Any]) -> Any:
         """If chunk idx is readable by reader: copy_out(buf, start), end_read, and return what
-        copy_out returned (it must copy: the writer may refill the chunk right after). Else
-        return NOT_READY."""
+        copy_out returned (a copy, or a message decoded from the chunk: nothing that refers to
+        it, since the writer may refill it right after). Else return NOT_READY. If copy_out raises, the chunk is released all the same: a message
+        that cannot be read is consumed, not read again forever."""
         if not self.readable(idx, reader):
             return NOT_READY
-        result = copy_out(self.buf, idx * self.max_chunk_bytes)
-        self.end_read(idx, reader)
-        return result
+        try:
+            return copy_out(self.buf, idx * self.max_chunk_bytes)
+        finally:
+            self.end_read(idx, reader)
 
     def close(self) -> None:
         """Unmap the segment; the creator also unlinks it. Views from chunk() must be gone."""

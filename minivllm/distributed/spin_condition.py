@@ -5,7 +5,7 @@ os.sched_yield() between polls (about 1 µs, and another process may run). Never
 time.sleep(0): on CPython 3.11 that is a clock_nanosleep paying ~50 µs of timer slack.
 A reader idle for longer than busy_loop_s re-checks the ring once more, then blocks in zmq
 poll on two sockets:
-  - the writer's notify socket: one byte after an enqueue (see notify_due below);
+  - the writer's notify socket: one byte after an enqueue (see next_notify below);
   - an inproc PAIR: shutdown(), from another thread of the reader's process, wakes it.
 The writer side is one XPUB socket with SNDHWM = 1 and readers' SUB sockets CONFLATE, so a
 busy writer never queues more than one pending notification per reader.
@@ -110,10 +110,10 @@ class SpinCondition:
         self.cancel_tx.send(b"\x00")
 
 
-def notify_due(busy_loop_s: float, last_notify: float, now: float) -> bool:
-    """Whether the writer must notify now (see the module docstring); MessageQueue asks on
-    every enqueue."""
-    return now - last_notify >= busy_loop_s / 2
+def next_notify(busy_loop_s: float, now: float) -> float:
+    """The writer notified at `now`: the time from which its next enqueue notifies again (see
+    the module docstring). MessageQueue compares the clock with it on every enqueue."""
+    return now + busy_loop_s / 2
 
 
 def notify_socket(context: zmq.Context, address: str) -> zmq.Socket:
