@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
-from drawing import box
+from drawing import box, save_diagram
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,12 +53,8 @@ def main() -> None:
     label(ax, 7.2, 1.45, "stats", COORD)
     label(ax, 5.0, 5.75, "first message on each DEALER: ready (lets the ROUTER route to it); XSUB peers send "
           "b'\\x01' to subscribe, and the coordinator waits for all", style="italic")
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 6.0)
-    ax.axis("off")
-    ax.set_title("minivllm's front end <-> engine core sockets (as in vLLM V1)")
-    fig.tight_layout()
-    fig.savefig(HERE / "03_engine_sockets.png", dpi=110)
+    save_diagram(fig, ax, (0, 10), (0, 6.0), HERE / "03_engine_sockets.png",
+                 "minivllm's front end <-> engine core sockets (as in vLLM V1)")
 
 
 if __name__ == "__main__":

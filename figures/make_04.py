@@ -11,6 +11,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from drawing import save_diagram
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -30,11 +32,7 @@ def main() -> None:
             va="center", fontsize=8)
     ax.annotate("", (4.5, 1.22), (3.6, 1.98), arrowprops=dict(arrowstyle="->", lw=1.5))
     ax.text(6.1, 1.55, ">= 256 B: out of band, never copied into the body", fontsize=8)
-    ax.set_xlim(0, 9)
-    ax.set_ylim(0, 3.5)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(HERE / "04_frames.png", dpi=110)
+    save_diagram(fig, ax, (0, 9), (0, 3.5), HERE / "04_frames.png")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
-from drawing import box
+from drawing import box, save_diagram
 
 HERE = Path(__file__).resolve().parent
 IN, OUT, DEATH = "#1f4e9c", "#b35900", "#b71c1c"
@@ -61,12 +61,8 @@ def main() -> None:
     label(ax, 4.25, 1.25, "exit / kill -9", DEATH)
     arrow(ax, 1.9, 1.65, 1.9, 4.15, DEATH, "--")
     label(ax, 1.0, 2.2, "EngineDeadError\nto every caller", DEATH)
-    ax.set_xlim(0, 11)
-    ax.set_ylim(0, 5.9)
-    ax.axis("off")
-    ax.set_title("Chapter 07: the engine core in its own process")
-    fig.tight_layout()
-    fig.savefig(HERE / "07_engine_core.png", dpi=110)
+    save_diagram(fig, ax, (0, 11), (0, 5.9), HERE / "07_engine_core.png",
+                 "Chapter 07: the engine core in its own process")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
-from drawing import box
+from drawing import box, save_diagram
 
 HERE = Path(__file__).resolve().parent
 BCAST, REPLY, PIPE, COMM = "#1f4e9c", "#b35900", "#777777", "#2e7d32"
@@ -49,11 +49,7 @@ def main() -> None:
             color=COMM, va="center")
     ax.text(0.2, 6.15, "blue: each step, written once, read by every rank   orange: only the output "
             "rank replies to execute_model; every rank to collective_rpc", fontsize=8)
-    ax.set_xlim(0, 12.2)
-    ax.set_ylim(0, 6.4)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(HERE / "08_executor_workers.png", dpi=110)
+    save_diagram(fig, ax, (0, 12.2), (0, 6.4), HERE / "08_executor_workers.png")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,31 @@ def check_equal(got: Any, expected: Any, what: str, input: str | None = None) ->
 def _show(value: Any, limit: int = 300) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class EngineBench:
+    """A learner's object and judge engine threads (each with a `stop` Event) on one zmq
+    Context and one IpcDir; leaving the `with` closes them in that order, whatever the test
+    did. A subclass sets self.learner (anything with close()) and self.engines."""
+
+    def __init__(self) -> None:
+        import zmq
+
+        from minivllm.utils.zmq import IpcDir
+        self.ctx, self.d = zmq.Context(), IpcDir()
+        self.learner: Any = None
+        self.engines: list = []
+
+    def __enter__(self) -> "EngineBench":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for e in self.engines:
+            e.stop.set()
+            e.join(2)
+        try:
+            if self.learner is not None:
+                self.learner.close()
+        finally:
+            self.ctx.term()
+            self.d.close()

@@ -15,7 +15,7 @@ import time
 
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
@@ -64,26 +64,13 @@ class JudgeEngine(threading.Thread):
             time.sleep(0.01)
 
 
-class Bench:
+class Bench(EngineBench):
     """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
 
     def __init__(self, impl, n_engines, delays):
-        self.ctx, self.d = zmq.Context(), IpcDir()
-        self.fe = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
+        super().__init__()
+        self.fe = self.learner = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
         self.engines = [JudgeEngine(self.ctx, r, self.d, delay) for r, delay in enumerate(delays)]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for e in self.engines:
-            e.stop.set()
-            e.join(2)
-        try:
-            self.fe.close()
-        finally:
-            self.ctx.term()
-            self.d.close()
 
 
 def _engine_process(impl, rank, d, idle_timeout=30.0):

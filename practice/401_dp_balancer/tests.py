@@ -15,7 +15,7 @@ import time
 import msgspec
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(2.0)  # a message between threads on one host not delivered in this long was dropped
@@ -69,30 +69,17 @@ class JudgeEngine(threading.Thread):
         return self.received
 
 
-class Bench:
+class Bench(EngineBench):
     """The learner's client and n passive judge engines; closes everything afterwards."""
 
     def __init__(self, impl, n, delays=None, ready=True):
-        self.ctx, self.d = zmq.Context(), IpcDir()
+        super().__init__()
         self.address = self.d.path("in")
-        self.client = impl.DPLBClient(self.address, n)
+        self.client = self.learner = impl.DPLBClient(self.address, n)
         self.engines = [JudgeEngine(self.ctx, self.address, r, (delays or [0] * n)[r])
                         for r in range(len(delays or [0] * n))]
         if ready:
             check_equal(self.client.wait_ready(10), list(range(n)), "wait_ready()")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for e in self.engines:
-            e.stop.set()
-            e.join(2)
-        try:
-            self.client.close()
-        finally:
-            self.ctx.term()
-            self.d.close()
 
     def adds(self) -> list[list[str]]:
         """Per engine, the ids of the ADDs it received so far."""
