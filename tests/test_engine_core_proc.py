@@ -14,6 +14,7 @@ import time
 
 import msgspec
 import numpy as np
+import psutil
 import pytest
 from tiny_model import make_tiny_model_dir
 
@@ -286,6 +287,17 @@ def test_a_start_up_failure_is_reported_with_the_engines_traceback(tiny_dir, tmp
     with pytest.raises(RuntimeError, match="engine core 0 failed during start-up"):
         SyncMPClient(EngineConfig(model=broken))
 
+
+
+def test_an_engine_not_ready_in_time_is_stopped_with_an_error_that_says_which(tiny_dir):
+    """READY needs the addresses first, then the model: with no time allowed for the model,
+    the launcher must raise at once, naming the engine, and stop the process it started."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(TimeoutError, match=r"engine core\(s\) \[0\] have not reported READY "
+                       r"\(loading the model\) within 0 s: .*larger ready_timeout"):
+        launch_core_engines(EngineConfig(model=tiny_dir), ready_timeout=0.0)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], left
 
 if __name__ == "__main__":
     if sys.argv[1] == "fault-in-step":
