@@ -4,6 +4,7 @@ Every test starts real engine core processes on the tiny model; the autouse leak
 proves that no process, /dev/shm segment or ipc socket file is left behind.
 """
 
+import gc
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import msgspec
 import numpy as np
@@ -288,6 +290,22 @@ def test_a_start_up_failure_is_reported_with_the_engines_traceback(tiny_dir, tmp
         SyncMPClient(EngineConfig(model=broken))
 
 
+
+def test_a_dropped_llm_stops_its_engine_like_close(tiny_dir):
+    """Re-running `llm = LLM(...)` in a notebook drops the old LLM: its engine core must stop,
+    and its client threads (which hold it only weakly) end, once it is collected."""
+    llm = LLM(tiny_dir)
+    assert llm.generate("The capital", SamplingParams(max_tokens=2), use_tqdm=False)
+    handle = llm.engine_core.engine_manager.handles[0]
+    threads = list(llm.engine_core.resources.threads)
+    ref = weakref.ref(llm.engine_core)
+    del llm
+    gc.collect()
+    assert ref() is None, f"something still holds the client: {gc.get_referrers(ref())}"
+    assert handle.exit_code(timeout=EXIT_WAIT_S) == 0  # asked to stop, not killed
+    for t in threads:
+        t.join(EXIT_WAIT_S)
+        assert not t.is_alive(), f"{t.name} outlived its client"
 
 def test_an_engine_not_ready_in_time_is_stopped_with_an_error_that_says_which(tiny_dir):
     """READY needs the addresses first, then the model: with no time allowed for the model,

@@ -28,10 +28,12 @@ import multiprocessing.connection
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import zmq
 
+from minivllm.engine.client_resources import ClientResources
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.exceptions import EngineDeadError
@@ -40,7 +42,7 @@ from minivllm.engine.messages import (
     EngineCoreRequestType, UtilityOutput, UtilityRequest)
 from minivllm.engine.utils import CoreEngineProcManager, launch_core_engines
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.zmq import close_all, dp_rank_identity, identity_to_rank, make_zmq_socket
+from minivllm.utils.zmq import dp_rank_identity, identity_to_rank, make_zmq_socket
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +106,28 @@ class MPClient(EngineCoreClient):
         self.dead_error: EngineDeadError | None = None
         self._closing = False
         self._lock = threading.Lock()  # dead_error, the utility futures, the send side
+        self.ctx, self.resources = ctx, ClientResources(ctx)
+        self._finalizer = weakref.finalize(self, self.resources.release)
         self.engine_manager: CoreEngineProcManager | None = None
-        self.ctx = ctx
         self.input_socket = self.output_socket = None
         try:
             if client_addresses is None:
                 self.engine_manager, addresses = launch_core_engines(config)
+                self.resources.engine_manager = self.engine_manager
                 input_address, output_address = addresses.inputs[0], addresses.outputs[0]
                 watch = self.engine_manager.sentinels
             else:
                 input_address = client_addresses["input_address"]
                 output_address = client_addresses["output_address"]
                 watch = [os.pidfd_open(p) for p in client_addresses.get("engine_pids", [])]
-            self._watched = watch
-            self.input_socket = make_zmq_socket(ctx, input_address, zmq.ROUTER, bind=True, linger=0)
-            self.output_socket = make_zmq_socket(ctx, output_address, zmq.PULL, bind=True, linger=0)
+                self.resources.owned_fds = watch
+            self.input_socket = self.resources.input_socket = make_zmq_socket(
+                ctx, input_address, zmq.ROUTER, bind=True, linger=0)
+            self.output_socket = self.resources.output_socket = make_zmq_socket(
+                ctx, output_address, zmq.PULL, bind=True, linger=0)
             self.ready_responses = self._wait_for_engines(config.data_parallel_size)
         except BaseException:
-            self._close_resources()
+            self._finalizer()
             raise
         self.core_engines = [dp_rank_identity(r) for r in range(config.data_parallel_size)]
         self.in_flight = [0] * len(self.core_engines)  # requests in flight, per engine
@@ -130,12 +136,17 @@ class MPClient(EngineCoreClient):
         self.decoder = MsgpackDecoder(EngineCoreOutputs)
         self.utility_results: dict[int, Any] = {}  # call id -> future
         self._call_ids = itertools.count()
-        self._stop_r, self._stop_w = os.pipe()
-        self._owned_pidfds = watch if client_addresses is not None else []
-        self.monitor = threading.Thread(target=self._monitor_engines, daemon=True,
-                                        name="EngineCoreMonitor")
-        self.monitor.fork_safe = True  # blocks in poll(2) and holds no lock a child could use
-        self.monitor.start()
+        self.monitor = self.start_thread(_monitor_engines, "EngineCoreMonitor", watch,
+                                         self.resources.stop_r)
+
+    def start_thread(self, fn: Any, name: str, *args: Any) -> threading.Thread:
+        """A daemon thread running fn(weak reference to this client, *args), released with it.
+        fork_safe: it blocks in poll(2) and holds no lock that a forked child could need."""
+        t = threading.Thread(target=fn, args=(weakref.ref(self), *args), name=name, daemon=True)
+        t.fork_safe = True
+        self.resources.threads.append(t)
+        t.start()
+        return t
 
     def _wait_for_engines(self, count: int) -> list[EngineCoreReadyResponse]:
         """Each engine's DEALER says hello first: until then the ROUTER would drop our sends."""
@@ -225,11 +236,9 @@ class MPClient(EngineCoreClient):
     def errored(self) -> bool:
         return self.dead_error is not None
 
-    def _monitor_engines(self) -> None:
-        ready = multiprocessing.connection.wait(self._watched + [self._stop_r])
-        if self._stop_r in ready or self._closing:
+    def _on_engine_exit(self, index: int) -> None:
+        if self._closing:
             return
-        index = next(i for i, fd in enumerate(self._watched) if fd in ready)
         if self.engine_manager is not None:
             what = self.engine_manager.describe_death(index)
         else:
@@ -257,25 +266,19 @@ class MPClient(EngineCoreClient):
     def _wake_waiters(self, error: EngineDeadError) -> None:
         raise NotImplementedError
 
-    def _close_resources(self) -> None:
-        close_all(self.input_socket, self.output_socket)
-        if self.engine_manager is not None:
-            self.engine_manager.close()
-        for fd in getattr(self, "_owned_pidfds", []):
-            os.close(fd)
-        self._owned_pidfds = []
-        if not self.ctx.closed:
-            self.ctx.term()
-
     def _begin_shutdown(self) -> bool:
-        """True the first time: stop the monitor and mark waiters' calls as failed."""
+        """True the first time: fail what waits (and every later call) with EngineDeadError."""
         with self._lock:
             if self._closing:
                 return False
             self._closing = True
-        os.write(self._stop_w, b"x")
-        self.monitor.join(5.0)
-        os.close(self._stop_r)
-        os.close(self._stop_w)
         self.set_dead(EngineDeadError("the engine client was shut down"))
         return True
+
+
+def _monitor_engines(client_ref: "weakref.ref[MPClient]", watched: list, stop_r: int) -> None:
+    """Wait for an engine's exit or the stop pipe, holding the client only weakly."""
+    ready = multiprocessing.connection.wait(watched + [stop_r])
+    client = client_ref()
+    if client is not None and stop_r not in ready:
+        client._on_engine_exit(next(i for i, fd in enumerate(watched) if fd in ready))

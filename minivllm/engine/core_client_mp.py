@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -23,7 +24,6 @@ from minivllm.utils import tracing
 _shutdown_ids = itertools.count()
 
 
-
 def settle(future: Future | asyncio.Future, result: Any = None,
            exception: BaseException | None = None) -> None:
     """Complete a utility call's future once: a late reply or a second death is ignored."""
@@ -34,6 +34,7 @@ def settle(future: Future | asyncio.Future, result: Any = None,
     else:
         future.set_result(result)
 
+
 class SyncMPClient(MPClient):
     def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
                  client_index: int = 0) -> None:
@@ -41,35 +42,12 @@ class SyncMPClient(MPClient):
         super().__init__(config, client_addresses, client_index, zmq.Context())
         self._send_lock = threading.Lock()
         path = f"inproc://minivllm-client-shutdown-{next(_shutdown_ids)}"
-        self._shutdown_socket = self.ctx.socket(zmq.PAIR)
-        self._shutdown_socket.bind(path)
-        self.output_thread = threading.Thread(target=self._process_outputs_socket, args=(path,),
-                                              name="EngineCoreOutputQueueThread", daemon=True)
-        # A forked child (another engine, a worker) never touches this client's sockets or
-        # queues, so this thread cannot hold anything the child needs: fork stays allowed.
-        self.output_thread.fork_safe = True
-        self.output_thread.start()
-
-    def _process_outputs_socket(self, shutdown_path: str) -> None:
         shutdown = self.ctx.socket(zmq.PAIR)
-        shutdown.connect(shutdown_path)
-        poller = zmq.Poller()
-        poller.register(shutdown, zmq.POLLIN)
-        poller.register(self.output_socket, zmq.POLLIN)
-        try:
-            while True:
-                events = dict(poller.poll())
-                if shutdown in events:
-                    break
-                outputs = self._decode_output(self.output_socket.recv_multipart(copy=False))
-                if outputs is not None:
-                    self.outputs_queue.put(outputs)
-        except EngineDeadError as e:
-            self.set_dead(e)
-        except Exception as e:  # noqa: BLE001 - the thread must report, not vanish
-            self.set_dead(EngineDeadError(f"the client's output thread failed: {e!r}"))
-        finally:
-            shutdown.close(linger=0)
+        shutdown.bind(path)
+        self.resources.stoppers.append(lambda: _send_nowait(shutdown))
+        self.resources.after_threads.append(shutdown)
+        self.output_thread = self.start_thread(_process_outputs_socket,
+                                               "EngineCoreOutputQueueThread", path)
 
     def _wake_waiters(self, error: EngineDeadError) -> None:
         self.outputs_queue.put(error)
@@ -114,15 +92,46 @@ class SyncMPClient(MPClient):
 
     def shutdown(self) -> None:
         """Stop the engines and close everything; idempotent."""
-        if not self._begin_shutdown():
-            return
-        try:  # the thread may be gone already (it leaves on ENGINE_CORE_DEAD): never block
-            self._shutdown_socket.send(b"", zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        self.output_thread.join(5.0)
-        self._shutdown_socket.close(linger=0)
-        self._close_resources()
+        if self._begin_shutdown():
+            self._finalizer()
+
+
+def _send_nowait(sock: zmq.Socket) -> None:
+    try:  # the thread may be gone already (it leaves on ENGINE_CORE_DEAD): never block
+        sock.send(b"", zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
+def _process_outputs_socket(client_ref: "weakref.ref[SyncMPClient]", shutdown_path: str) -> None:
+    """SyncMPClient's output thread: outputs into the queue, utility replies to their futures.
+    It holds the client only while it handles a message, so a dropped client is collected."""
+    client = client_ref()
+    ctx, output_socket = client.ctx, client.output_socket
+    shutdown = ctx.socket(zmq.PAIR)
+    shutdown.connect(shutdown_path)
+    poller = zmq.Poller()
+    poller.register(shutdown, zmq.POLLIN)
+    poller.register(output_socket, zmq.POLLIN)
+    del client
+    try:
+        while shutdown not in dict(poller.poll()):
+            frames = output_socket.recv_multipart(copy=False)
+            if (client := client_ref()) is None:
+                break
+            try:
+                outputs = client._decode_output(frames)
+                if outputs is not None:
+                    client.outputs_queue.put(outputs)
+            except EngineDeadError as e:
+                client.set_dead(e)
+                break
+            except Exception as e:  # noqa: BLE001 - the thread must report, not vanish
+                client.set_dead(EngineDeadError(f"the client's output thread failed: {e!r}"))
+                break
+            del client
+    finally:
+        shutdown.close(linger=0)
 
 
 class AsyncMPClient(MPClient):
@@ -221,4 +230,4 @@ class AsyncMPClient(MPClient):
         task = self.output_task
         if task is not None and not task.done():
             self._in_loop(task.cancel)
-        self._close_resources()
+        self._finalizer()
