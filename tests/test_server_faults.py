@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import signal
 import threading
 import time
@@ -107,8 +108,13 @@ def test_two_api_servers_and_two_engines_share_the_port_and_trace(tiny_dir, tmp_
         assert (len(api), len(cores)) == (expected.api_servers, expected.engine_cores)
         for i in range(8):  # new connections: the kernel spreads them over the two
             r = httpx.post(server.url + "/v1/completions", timeout=30,
-                           json={"prompt": f"hello {i}", "max_tokens": 4, "stream": True})
+                           json={"prompt": f"hello {i}", "max_tokens": 4, "stream": True,
+                                 "ignore_eos": True})
             assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        for _ in range(6):  # whichever server answers the scrape reports both servers' tokens
+            text = httpx.get(server.url + "/metrics", timeout=30).text
+            assert re.search(r"^minivllm:generation_tokens_total\{[^}]*\} 32\.0$", text, re.M), \
+                [line for line in text.splitlines() if "generation_tokens" in line]
         code = server.stop()
     assert code == 0, server.output()[-2000:]
     events = json.load(open(trace))["traceEvents"]

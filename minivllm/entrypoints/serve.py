@@ -24,6 +24,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -158,12 +159,15 @@ def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
 def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: int) -> int:
     """The launcher: engine cores for `count` clients, then `count` API server processes."""
     from minivllm.engine.utils import launch_core_engines
+    from minivllm.entrypoints.openai.metrics import MULTIPROC_ENV
     from minivllm.utils.mp import launch
 
     config = engine_config(args)
     spawn = multiprocessing.get_context("spawn")  # vLLM's API servers always spawn
     engine_manager, addresses = launch_core_engines(config, num_api_servers=count)
     servers = []
+    metrics_dir = private_dir("metrics")  # the API servers' metric values, summed on a scrape
+    os.environ.setdefault(MULTIPROC_ENV, metrics_dir)  # before they start (or the user's own)
     try:
         for i in range(count):
             client = {"input_address": addresses.inputs[i],
@@ -177,6 +181,7 @@ def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: i
         for handle in servers:
             handle.shutdown()
         engine_manager.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def wait_for_first_exit(servers: list[Any]) -> int:

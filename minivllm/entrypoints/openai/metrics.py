@@ -4,16 +4,25 @@ Gauges (requests running and waiting, KV-cache blocks) are read from the engine 
 /metrics is scraped (AsyncLLM.get_stats); counters and histograms are updated by the API server
 as outputs arrive. In vLLM: vllm/v1/metrics/loggers.py:528 (num_requests_running), :620
 (kv_cache_usage_perc), :748 and :799 (prompt and generation tokens), :931, :941 and :961 (TTFT,
-inter-token latency and e2e histograms). With several API servers each keeps its own counters
-(vLLM merges them with prometheus_client's multiprocess mode; minivllm does not).
+inter-token latency and e2e histograms).
+
+Several API servers (`serve --api-server-count N`) answer /metrics in turn, so each must report
+the sum over all of them: the launcher sets MULTIPROC_ENV to a private folder before it starts
+them, every process writes its values to files there (prometheus_client's multiprocess mode),
+and a scrape adds them up. Counters and histograms sum; the engine gauges take the most recent
+value. vLLM does the same: vllm/v1/metrics/prometheus.py:17-47 (setup_multiprocess_prometheus).
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics, generate_latest)
+                               disable_created_metrics, generate_latest, multiprocess)
 
 disable_created_metrics()  # no `_created` timestamp series next to every counter
+# prometheus_client's own variable; read when it is imported, so set it before a process starts.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
@@ -29,8 +38,8 @@ class ServerMetrics:
         labels, self.labels = ["model_name"], {"model_name": model_name}
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"minivllm:{name}", doc, labels, registry=self.registry).labels(
-                **self.labels)
+            return Gauge(f"minivllm:{name}", doc, labels, registry=self.registry,
+                         multiprocess_mode="mostrecent").labels(**self.labels)
         self.running = gauge("num_requests_running", "Requests in the engine's running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
@@ -73,4 +82,8 @@ class ServerMetrics:
         self.kv_usage.set(used / total if total else 0.0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not os.environ.get(MULTIPROC_ENV):
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()  # every API server's values, summed, at each scrape
+        multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged)
