@@ -29,10 +29,6 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     num_output_tokens: np.ndarray  # int32 (B,): how many tokens the row has sampled so far
     finished_req_ids: list[str] = []  # finished since the last step (for stateful workers)
 
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return int(self.num_scheduled_tokens.sum())
-
 
 class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_ids: list[str]
