@@ -30,9 +30,12 @@ class ClientResources:
         self.threads: list[threading.Thread] = []
         self.stoppers: list[Callable[[], None]] = []  # tell the other threads to leave
         self.after_threads: list[zmq.Socket] = []  # closed once the threads are gone
+        self.owner_pid = os.getpid()  # a forked child's copy must not stop the parent's engines
 
     def release(self) -> None:
         """Stop the threads, close the sockets, stop the engines. Call once (a finalizer)."""
+        if os.getpid() != self.owner_pid:
+            return
         if threading.current_thread() in self.threads:
             # The last reference to the client died in one of its own threads, which this
             # must join: release from a thread of its own instead.
