@@ -97,7 +97,8 @@ class RawRing:
     def recv(self):
         ring, idx, rank = self.ring, self.idx, self.rank
         if (got := ring.read(idx, rank, _raw_copy_out)) is NOT_READY:
-            got = _spin(lambda: ring.read(idx, rank, _raw_copy_out), "reader waited on an empty ring")
+            got = _spin(lambda: ring.read(idx, rank, _raw_copy_out),
+                        "reader waited on an empty ring")
         self.idx = (idx + 1) % ring.max_chunks
         return got
 
@@ -210,4 +211,5 @@ def run_phase(phase: Phase, conns, max_chunk_bytes: int, max_chunks: int) -> dic
     return {"transport": phase.transport, "size": phase.size, "n": phase.n,
             "msgs_per_s": phase.n / seconds, "MB_per_s": phase.n * phase.size / seconds / 1e6,
             "p50_us": float(np.percentile(lat_us, 50)), "p99_us": float(np.percentile(lat_us, 99)),
-            "cpu_s": wcpu + sum(r[2] for r in reports), "wall_s": seconds}
+            "cpu_s": wcpu + sum(r[2] for r in reports), "writer_cpu_s": wcpu,
+            "wall_s": seconds}

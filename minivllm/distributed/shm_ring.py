@@ -181,8 +181,9 @@ class ShmRingBuffer:
     def read(self, idx: int, reader: int, copy_out: Callable[[memoryview, int], Any]) -> Any:
         """If chunk idx is readable by reader: copy_out(buf, start), end_read, and return what
         copy_out returned (a copy, or a message decoded from the chunk: nothing that refers to
-        it, since the writer may refill it right after). Else return NOT_READY. If copy_out raises, the chunk is released all the same: a message
-        that cannot be read is consumed, not read again forever."""
+        it, since the writer may refill it right after). Else return NOT_READY. If copy_out
+        raises, the chunk is released all the same: a message that cannot be read is consumed,
+        not read again forever."""
         if not self.readable(idx, reader):
             return NOT_READY
         try:

@@ -87,12 +87,12 @@ class SpinCondition:
             if self.notify.poll(0):
                 self.notify.recv(zmq.NOBLOCK)
 
-    def wait(self, deadline: float | None, ready: Callable[[], bool]) -> None:
-        """Spin once (yield), or block until a notification, a cancel, or the deadline.
+    def wait(self, now: float, deadline: float | None, ready: Callable[[], bool]) -> None:
+        """Spin once (yield), or block until a notification, a cancel, or the deadline; `now`
+        is the caller's time.monotonic().
 
         ready() re-reads the ring after the decision to block: see the module docstring.
         """
-        now = time.monotonic()
         if now - self.last_read <= self.busy_loop_s:
             os.sched_yield()
             return
