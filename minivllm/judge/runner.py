@@ -30,7 +30,7 @@ import psutil
 from minivllm.judge import api
 from minivllm.judge.child import load_tests
 from minivllm.judge.exercise import ROOT, Exercise
-from minivllm.utils.leaks import Snapshot, become_subreaper
+from minivllm.utils.leaks import Snapshot, become_subreaper, kill_processes
 from minivllm.utils.resource_names import PREFIX_ENV
 
 RUN_MARKER = "MINIVLLM_JUDGE_RUN"  # in the child's environment: a second way to find escapees
@@ -42,6 +42,7 @@ OUTPUT_TAIL_LINES = 15
 OUTPUT_TAIL_BYTES = 4096  # what is shown of the output: 50 MB on one line must not flood a terminal
 OUTPUT_LINE_CHARS = 240
 LEAK_SETTLE_S = 0.5
+TRACKER_EXIT_S = 2.0  # a resource tracker unlinks what its dead clients left, then exits
 SHORT_TEMP_ROOT = 24  # chars; the child's sockets nest 4 folders deeper, ~80 more
 DEFAULT_HANG = ("A hang here usually means a loop waiting for a flag or a message that "
                 "nobody will ever set or send.")
@@ -232,8 +233,17 @@ def _died(spec: api.TestSpec, code: int) -> dict:
 
 
 def _kill_group(pgid: int) -> None:
+    """SIGKILL the test's process group, its resource trackers last (see kill_processes)."""
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (OSError, psutil.Error):
+            continue
+    kill_processes(members, grace=TRACKER_EXIT_S, first=signal.SIGKILL)
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)  # anything that started meanwhile
     except (ProcessLookupError, PermissionError):
         pass
 

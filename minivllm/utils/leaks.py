@@ -107,11 +107,23 @@ def describe_process(p: psutil.Process) -> str:
         return f"pid {p.pid}"
 
 
-def kill_processes(procs: list[psutil.Process], grace: float = 1.0) -> None:
-    """SIGTERM, wait `grace` seconds, then SIGKILL whatever is still alive."""
-    for p in procs:
+def kill_processes(procs: list[psutil.Process], grace: float = 1.0,
+                   first: signal.Signals = signal.SIGTERM) -> None:
+    """Send `first` (SIGTERM), wait `grace` seconds, then SIGKILL whatever is still alive.
+
+    multiprocessing's resource trackers go last: once the processes registered with one are
+    gone, it unlinks the semaphores and segments they left (a spawn-context Queue makes three
+    named semaphores in /dev/shm) and exits by itself. Killed with the rest, it leaves them."""
+    trackers = [p for p in procs if is_resource_tracker(p)]
+    _stop([p for p in procs if p not in trackers], first, grace)
+    _stop(trackers, None, grace)
+
+
+def _stop(procs: list[psutil.Process], sig: signal.Signals | None, grace: float) -> None:
+    """Send sig (None: nothing), wait grace s, SIGKILL the rest."""
+    for p in procs if sig is not None else ():
         try:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
@@ -121,6 +133,13 @@ def kill_processes(procs: list[psutil.Process], grace: float = 1.0) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=grace)
+
+
+def is_resource_tracker(p: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def reap_zombies(pids) -> None:
