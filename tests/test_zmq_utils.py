@@ -198,6 +198,27 @@ def test_a_child_removes_the_run_folder_when_its_owner_was_killed():
             os.kill(int(pid), signal.SIGKILL)
 
 
+TWO_TEMP_DIRS_SCRIPT = """
+import sys, tempfile
+from minivllm.utils.run_dir import run_dir
+first = run_dir()
+tempfile.tempdir = sys.argv[1]  # as the test suite moves every test to a temp dir of its own
+print(first, run_dir(), flush=True)
+"""
+
+
+def test_a_process_removes_every_run_folder_it_made(tmp_path):
+    """Each temp dir gets its own run folder; at exit the owner removes them all, not only the
+    one its environment names last (each pytest run left an empty folder in /tmp)."""
+    env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
+    out = subprocess.run([sys.executable, "-c", TWO_TEMP_DIRS_SCRIPT, str(tmp_path)], env=env,
+                         capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    first, second = out.stdout.split()
+    assert first != second and os.path.dirname(second) == str(tmp_path), out.stdout
+    assert not os.path.exists(first) and not os.path.exists(second)
+
+
 FAULTS_SCRIPT = """
 import resource, sys
 import numpy as np, zmq

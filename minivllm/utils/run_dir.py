@@ -34,6 +34,9 @@ RUN_DIR_ENV = "MINIVLLM_RUN_DIR"
 _OWNER = re.compile(r"-run(\d+)-[^/]*$")
 _cleanup_registered_in: int | None = None  # the pid whose exit removes its folders
 _known_dead: set[int] = set()  # told by utils/mp: the parent's death pipe closed
+# Every run folder this process made: a process whose temp dir changes (the test suite gives
+# each test its own) makes one per temp dir, and owns all of them.
+_made: list[str] = []
 
 
 def run_dir() -> str:
@@ -43,6 +46,7 @@ def run_dir() -> str:
     # its own TMPDIR) and may be gone.
     if not (os.path.isdir(path) and os.path.dirname(path) == tempfile.gettempdir()):
         path = private_dir(f"run{os.getpid()}")
+        _made.append(path)
         os.environ[RUN_DIR_ENV] = path  # children started from now on share it
     _register_cleanup()
     return path
@@ -94,6 +98,9 @@ def _register_cleanup() -> None:
 
 
 def _at_exit() -> None:
+    for made in _made:
+        if owner_pid(made) == os.getpid():  # not a forked child's inherited list
+            shutil.rmtree(made, ignore_errors=True)
     path = os.environ.get(RUN_DIR_ENV)
     if not path or not os.path.isdir(path):
         return
