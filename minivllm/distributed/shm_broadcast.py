@@ -235,10 +235,7 @@ class MessageQueue:
         except DecodeError:
             self._advance(idx)  # ring.read released the chunk: the bad message is consumed
             raise
-        if idx + 1 < ring.max_chunks:  # _advance(idx), inline on the hot path
-            self.current_idx = idx + 1
-        else:
-            self._advance(idx)
+        self._advance(idx)
         if obj is message_chunk.OVERFLOWED:  # the frames come on the socket, in the same order
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
@@ -254,6 +251,7 @@ class MessageQueue:
         return self.decoder.decode(frames)
 
     def _advance(self, idx: int) -> None:
+        """Past chunk idx; at the wrap, drain stale notifications if it is time."""
         if idx + 1 < self.buffer.max_chunks:
             self.current_idx = idx + 1
         else:

@@ -136,17 +136,15 @@ class MPClient(EngineCoreClient):
         self.decoder = MsgpackDecoder(EngineCoreOutputs)
         self.utility_results: dict[int, Any] = {}  # call id -> future
         self._call_ids = itertools.count()
-        self.monitor = self.start_thread(_monitor_engines, "EngineCoreMonitor", watch,
-                                         self.resources.stop_r)
+        self.start_thread(_monitor_engines, "EngineCoreMonitor", watch, self.resources.stop_r)
 
-    def start_thread(self, fn: Any, name: str, *args: Any) -> threading.Thread:
+    def start_thread(self, fn: Any, name: str, *args: Any) -> None:
         """A daemon thread running fn(weak reference to this client, *args), released with it.
         fork_safe: it blocks in poll(2) and holds no lock that a forked child could need."""
         t = threading.Thread(target=fn, args=(weakref.ref(self), *args), name=name, daemon=True)
         t.fork_safe = True
         self.resources.threads.append(t)
         t.start()
-        return t
 
     def _wait_for_engines(self, count: int) -> list[EngineCoreReadyResponse]:
         """Each engine's DEALER says hello first: until then the ROUTER would drop our sends."""

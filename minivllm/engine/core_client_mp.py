@@ -46,8 +46,7 @@ class SyncMPClient(MPClient):
         shutdown.bind(path)
         self.resources.stoppers.append(lambda: _send_nowait(shutdown))
         self.resources.after_threads.append(shutdown)
-        self.output_thread = self.start_thread(_process_outputs_socket,
-                                               "EngineCoreOutputQueueThread", path)
+        self.start_thread(_process_outputs_socket, "EngineCoreOutputQueueThread", path)
 
     def _wake_waiters(self, error: EngineDeadError) -> None:
         self.outputs_queue.put(error)

@@ -121,11 +121,12 @@ def kill_processes(procs: list[psutil.Process], grace: float = 1.0,
 
 def _stop(procs: list[psutil.Process], sig: signal.Signals | None, grace: float) -> None:
     """Send sig (None: nothing), wait grace s, SIGKILL the rest."""
-    for p in procs if sig is not None else ():
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass
+    if sig is not None:
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
         try:
