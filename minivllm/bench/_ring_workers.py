@@ -72,12 +72,12 @@ def _raw_copy_out(buf, start: int):
     return sent, bytes(buf[begin:begin + n])  # a copy, as MessageQueue makes
 
 
-def _spin(step, what: str):
+def _spin(step, what: str, timeout: float = RECV_TIMEOUT_S):
     """step() until it returns something; sched_yield between tries."""
-    deadline = time.monotonic() + RECV_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while (got := step()) is NOT_READY:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} for {RECV_TIMEOUT_S} s")
+            raise TimeoutError(f"{what} for {timeout:g} s")
         os.sched_yield()
     return got
 
@@ -88,17 +88,18 @@ class RawRing:
     def __init__(self, ring: ShmRingBuffer, rank: int = -1):
         self.ring, self.rank, self.idx = ring, rank, 0
 
-    def send(self, msg) -> None:
+    def send(self, msg, timeout: float) -> None:
+        """Called as MessageQueue.enqueue(obj, timeout) is, so both pay the same call."""
         ring, idx = self.ring, self.idx
         if ring.write(idx, _raw_fill, msg) is NOT_READY:  # the spin loop only when it must wait
-            _spin(lambda: ring.write(idx, _raw_fill, msg), "writer waited on a full ring")
+            _spin(lambda: ring.write(idx, _raw_fill, msg), "writer waited on a full ring", timeout)
         self.idx = (idx + 1) % ring.max_chunks
 
-    def recv(self):
+    def recv(self, timeout: float):
         ring, idx, rank = self.ring, self.idx, self.rank
         if (got := ring.read(idx, rank, _raw_copy_out)) is NOT_READY:
             got = _spin(lambda: ring.read(idx, rank, _raw_copy_out),
-                        "reader waited on an empty ring")
+                        "reader waited on an empty ring", timeout)
         self.idx = (idx + 1) % ring.max_chunks
         return got
 
@@ -116,7 +117,7 @@ def _run_phase(phase: Phase, address, rank: int, conn):
     if phase.transport == "mq":
         mq = MessageQueue.create_from_handle(address, rank, decoder=decoder)
         mq.wait_until_ready(READY_TIMEOUT_S)
-        recv = lambda: mq.dequeue(timeout=RECV_TIMEOUT_S)  # noqa: E731
+        recv = mq.dequeue
         close = mq.close
     elif phase.transport == "raw":
         raw = RawRing(ShmRingBuffer(*address), rank)
@@ -133,9 +134,9 @@ def _run_phase(phase: Phase, address, rank: int, conn):
         # zmq.Frame objects (about 10% more msgs/s at 1 KiB), and wraps big ones without a copy.
         copy = phase.size < zmq.COPY_THRESHOLD
 
-        def recv():
-            if not sock.poll(int(RECV_TIMEOUT_S * 1000)):
-                raise TimeoutError(f"no message on {address} within {RECV_TIMEOUT_S} s")
+        def recv(timeout: float):
+            if not sock.poll(int(timeout * 1000)):
+                raise TimeoutError(f"no message on {address} within {timeout:g} s")
             return decoder.decode(sock.recv_multipart(copy=copy))
 
         def close():
@@ -144,7 +145,7 @@ def _run_phase(phase: Phase, address, rank: int, conn):
     latencies = np.empty(phase.n, dtype=np.int64)
     cpu0 = time.process_time()
     for i in range(phase.n):
-        sent, _payload = recv()
+        sent, _payload = recv(RECV_TIMEOUT_S)  # each transport's own call, no wrapper
         latencies[i] = time.perf_counter_ns() - sent
     done = time.perf_counter_ns()
     cpu = time.process_time() - cpu0
@@ -153,7 +154,7 @@ def _run_phase(phase: Phase, address, rank: int, conn):
 
 
 def write_phase(phase: Phase, send, n_reader: int) -> tuple[int, float]:
-    """Send phase.n messages with `send(obj)`; return (start ns, writer CPU seconds so far).
+    """Send phase.n messages with `send(obj, timeout)`; return (start ns, writer CPU seconds so far).
 
     The caller reads the CPU clock again once the readers are done: a ZMQ writer's I/O thread
     is still sending after the last send() returns, and that work counts too."""
@@ -165,7 +166,7 @@ def write_phase(phase: Phase, send, n_reader: int) -> tuple[int, float]:
             next_at += phase.pace_s
             while (left := next_at - time.perf_counter()) > 0:
                 time.sleep(left)
-        send([time.perf_counter_ns(), payload])
+        send([time.perf_counter_ns(), payload], RECV_TIMEOUT_S)
     return start, cpu0
 
 
@@ -178,7 +179,7 @@ def run_phase(phase: Phase, conns, max_chunk_bytes: int, max_chunks: int) -> dic
         for conn in conns:
             conn.send((phase, mq.export_handle()))
         mq.wait_until_ready(READY_TIMEOUT_S)
-        start, cpu0 = write_phase(phase, lambda o: mq.enqueue(o, timeout=RECV_TIMEOUT_S), n_reader)
+        start, cpu0 = write_phase(phase, mq.enqueue, n_reader)
         reports = [conn.recv() for conn in conns]
         wcpu = time.process_time() - cpu0
         mq.close()
@@ -199,7 +200,8 @@ def run_phase(phase: Phase, conns, max_chunk_bytes: int, max_chunks: int) -> dic
         for conn in conns:
             conn.send((phase, f"ipc://{path}"))
         wait_subscriptions(sock, n_reader)
-        start, cpu0 = write_phase(phase, lambda o: sock.send_multipart(encoder.encode(o)), n_reader)
+        start, cpu0 = write_phase(phase, lambda o, _timeout: sock.send_multipart(encoder.encode(o)),
+                                  n_reader)
         reports = [conn.recv() for conn in conns]
         wcpu = time.process_time() - cpu0
         sock.close(linger=0)

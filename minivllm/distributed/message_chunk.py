@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any
+from typing import Any, Callable
 
 OVERFLOW = 1
 OVERFLOWED = object()  # decode_from(): this chunk's message is on the overflow socket
@@ -85,18 +85,24 @@ def unpack_from(buf: memoryview, start: int) -> list | None:
     return frames
 
 
-def decode_from(decoder: Any, buf: memoryview, start: int) -> Any:
-    """The message in the chunk at buf[start:], decoded by decoder (a MsgpackDecoder) while
-    the chunk is held; OVERFLOWED if its frames went to the socket. The common one-frame
-    message is decoded in place, without copying the body out first, as vLLM unpickles
-    straight from the ring (shm_broadcast.py:990-1003). The result refers to none of buf."""
-    overflow, count, first = _unpack_one(buf, start)
-    if overflow:
-        return OVERFLOWED
-    if count == 1:
-        begin = start + _ONE_SIZE
-        return decoder.decode_borrowed(buf[begin:begin + first])
-    return decoder.decode(unpack_from(buf, start))
+def decode_from(decoder: Any) -> Callable[[memoryview, int], Any]:
+    """A reader of chunks for ShmRingBuffer.read: decode(buf, start) is the message in the chunk
+    at buf[start:], decoded by decoder (a MsgpackDecoder) while the chunk is held, or OVERFLOWED
+    if its frames went to the socket. The common one-frame message is decoded in place, without
+    copying the body out first, as vLLM unpickles straight from the ring
+    (shm_broadcast.py:990-1003). The result refers to none of buf."""
+    borrowed, decode_frames = decoder.decode_borrowed, decoder.decode  # bound once: per message
+
+    def decode(buf: memoryview, start: int) -> Any:
+        overflow, count, first = _unpack_one(buf, start)
+        if overflow:
+            return OVERFLOWED
+        if count == 1:
+            begin = start + _ONE_SIZE
+            return borrowed(buf[begin:begin + first])
+        return decode_frames(unpack_from(buf, start))
+
+    return decode
 
 
 def _bytes_view(frame) -> memoryview:

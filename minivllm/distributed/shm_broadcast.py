@@ -14,7 +14,6 @@ local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broa
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import weakref
@@ -42,6 +41,7 @@ CLOSE_LINGER_MS = 1000
 READY = b"READY"
 # Bound once: enqueue runs once per message (a global and an attribute lookup saved).
 _pack_into, _monotonic = message_chunk.pack_into, time.monotonic
+_OVERFLOWED = message_chunk.OVERFLOWED
 
 
 class QueueShutdown(RuntimeError):
@@ -71,6 +71,7 @@ class MessageQueue:
         self._init_common(is_writer=True)
         self.n_local_reader, self.n_remote_reader = n_local_reader, n_reader - n_local_reader
         self.encoder = encoder or MsgpackEncoder()
+        self._encode_into = self.encoder.encode_into  # bound once: enqueue runs per message
         handle = Handle(local_reader_ranks=list(range(n_local_reader)), busy_loop_s=busy_loop_s)
         if n_local_reader:
             self.buffer = ShmRingBuffer(n_local_reader, max_chunk_bytes, max_chunks)
@@ -95,10 +96,10 @@ class MessageQueue:
         self = MessageQueue.__new__(MessageQueue)
         self._init_common(is_writer=False)
         self.handle, self.decoder = handle, decoder or MsgpackDecoder()
-        self._decode_chunk = functools.partial(message_chunk.decode_from, self.decoder)
+        self._decode_chunk = message_chunk.decode_from(self.decoder)
         if rank in handle.local_reader_ranks:
             self.local_reader_rank = handle.local_reader_ranks.index(rank)
-            self.buffer = ShmRingBuffer(*handle.buffer_handle)
+            self.buffer = self._read_ring = ShmRingBuffer(*handle.buffer_handle)
             self.local_socket = self._sub(handle.local_subscribe_addr)
             self.spin = SpinCondition(self.context, handle.local_notify_addr, handle.busy_loop_s)
             self._sockets += [self.local_socket, *self.spin.sockets()]
@@ -114,12 +115,14 @@ class MessageQueue:
         self._sockets: list[zmq.Socket] = []
         self._ipc_files: list[str] = []  # bound ipc:// endpoints: libzmq leaves the files
         self.buffer: ShmRingBuffer | None = None
+        self._read_ring: ShmRingBuffer | None = None  # a local reader's ring (buffer) alone
         self.local_socket = self.remote_socket = self.notify_socket = None
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
         self._overflow_pending = False  # reader: an overflow chunk was read, its frames were not
         self._next_notify = float("-inf")  # writer: enqueues from then on notify the readers
         self._body = bytearray()  # writer: the msgpack body, reused until zmq is handed it
+        self._encode_into = _only_the_writer  # the writer binds its encoder here
 
     def _xpub(self, address: str) -> zmq.Socket:
         sock = self.context.socket(zmq.XPUB)
@@ -174,11 +177,9 @@ class MessageQueue:
     # --- writer --------------------------------------------------------------------------
     def enqueue(self, obj: Any, timeout: float | None = None) -> None:
         """Broadcast obj to every reader; wait at most timeout s for a free chunk."""
-        if not self.is_writer:
-            raise RuntimeError("only the writer enqueues; readers call dequeue()")
         # The body is encoded into one reused buffer, then copied into the chunk: no new
-        # bytes object per message (see _send for the one exception).
-        frames = self.encoder.encode_into(obj, self._body)
+        # bytes object per message (see _send for the one exception). A reader raises here.
+        frames = self._encode_into(obj, self._body)
         ring = self.buffer
         if ring is not None:
             idx = self.current_idx
@@ -220,8 +221,8 @@ class MessageQueue:
     def dequeue(self, timeout: float | None = None) -> Any:
         """The next message, in order; TimeoutError after timeout s without one. A message
         that does not decode raises DecodeError and is consumed: the next call reads the next."""
-        ring = self.buffer
-        if ring is None or self.is_writer:
+        ring = self._read_ring
+        if ring is None:  # a remote reader, or the writer (which gets an error there)
             return self._dequeue_remote(timeout)
         if self._overflow_pending:  # a timeout left this message's frames on the socket
             return self._recv_overflow(None if timeout is None else time.monotonic() + timeout)
@@ -236,7 +237,7 @@ class MessageQueue:
             self._advance(idx)  # ring.read released the chunk: the bad message is consumed
             raise
         self._advance(idx)
-        if obj is message_chunk.OVERFLOWED:  # the frames come on the socket, in the same order
+        if obj is _OVERFLOWED:  # the frames come on the socket, in the same order
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
             self._overflow_pending = True
@@ -316,6 +317,10 @@ class MessageQueue:
 
 # A blocked poll wakes at least this often to look at shutting_down.
 _SHUTDOWN_POLL_MS = 100
+
+
+def _only_the_writer(obj: Any, body: bytearray) -> list:
+    raise RuntimeError("only the writer enqueues; readers call dequeue()")
 
 
 def _poll_ms(deadline: float | None) -> int:
