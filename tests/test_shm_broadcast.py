@@ -65,8 +65,12 @@ def read_all(handle, rank, seed, count, conn):
     mq.close()
 
 
-def broadcast(n_reader, n_local, count, seed, max_chunks=8):
-    mq = MessageQueue(n_reader, n_local, max_chunk_bytes=CHUNK, max_chunks=max_chunks)
+def broadcast(n_reader, n_local, count, seed, max_chunks=8, busy_loop_s=0.1, gap_s=0.0):
+    """count messages to n_reader reader processes; gap_s: a random pause of up to this long
+    before each message."""
+    mq = MessageQueue(n_reader, n_local, max_chunk_bytes=CHUNK, max_chunks=max_chunks,
+                      busy_loop_s=busy_loop_s)
+    pauses = random.Random(seed)
     pipes = [CTX.Pipe(duplex=False) for _ in range(n_reader)]
     procs = [CTX.Process(target=read_all, args=(mq.export_handle(), r, seed, count, pipes[r][1]))
              for r in range(n_reader)]
@@ -75,6 +79,8 @@ def broadcast(n_reader, n_local, count, seed, max_chunks=8):
             p.start()
         mq.wait_until_ready(STEP_TIMEOUT_S)
         for i in range(count):
+            if gap_s:
+                time.sleep(pauses.random() * gap_s)
             mq.enqueue(message(seed, i), timeout=STEP_TIMEOUT_S)
         return [rx.recv() if rx.poll(STEP_TIMEOUT_S) else "no report" for rx, _ in pipes]
     finally:
@@ -90,6 +96,17 @@ def broadcast(n_reader, n_local, count, seed, max_chunks=8):
 def test_every_reader_gets_every_message_once_in_order(n_reader):
     reports = broadcast(n_reader, n_reader, 100_000, seed=n_reader)
     assert reports == [None] * n_reader, reports
+
+
+def test_readers_that_block_between_messages_miss_no_wakeup(monkeypatch):
+    """Pauses on both sides of busy_loop_s: about half the messages race a reader setting the
+    waiting flag on its way to block. With the periodic re-check out of reach, one lost wakeup
+    leaves a reader blocked past its STEP_TIMEOUT_S, and its report says so."""
+    from minivllm.distributed import spin_condition
+
+    monkeypatch.setattr(spin_condition, "RECHECK_S", 4 * STEP_TIMEOUT_S)  # forked readers too
+    reports = broadcast(3, 3, 600, seed=9, busy_loop_s=0.001, gap_s=0.002)
+    assert reports == [None] * 3, reports
 
 
 def test_overflow_happens_in_the_mixed_stream():

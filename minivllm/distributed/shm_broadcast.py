@@ -24,8 +24,7 @@ import zmq
 
 from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
-from minivllm.distributed.spin_condition import (BUSY_LOOP_S, SpinCondition, next_notify,
-                                                 notify_socket)
+from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import ipc_address
 
@@ -40,7 +39,7 @@ WRITER_MAX_SLEEP_S = 0.001
 CLOSE_LINGER_MS = 1000
 READY = b"READY"
 # Bound once: enqueue runs once per message (a global and an attribute lookup saved).
-_pack_into, _monotonic = message_chunk.pack_into, time.monotonic
+_pack_into = message_chunk.pack_into
 _OVERFLOWED = message_chunk.OVERFLOWED
 
 
@@ -101,7 +100,8 @@ class MessageQueue:
             self.local_reader_rank = handle.local_reader_ranks.index(rank)
             self.buffer = self._read_ring = ShmRingBuffer(*handle.buffer_handle)
             self.local_socket = self._sub(handle.local_subscribe_addr)
-            self.spin = SpinCondition(self.context, handle.local_notify_addr, handle.busy_loop_s)
+            self.spin = SpinCondition(self.context, handle.local_notify_addr, self.buffer,
+                                      handle.busy_loop_s)
             self._sockets += [self.local_socket, *self.spin.sockets()]
         else:
             self.remote_socket = self._sub(handle.remote_subscribe_addr)
@@ -120,7 +120,6 @@ class MessageQueue:
         self.spin: SpinCondition | None = None
         self.local_reader_rank, self.current_idx = -1, 0
         self._overflow_pending = False  # reader: an overflow chunk was read, its frames were not
-        self._next_notify = float("-inf")  # writer: enqueues from then on notify the readers
         self._body = bytearray()  # writer: the msgpack body, reused until zmq is handed it
         self._encode_into = _only_the_writer  # the writer binds its encoder here
 
@@ -190,11 +189,14 @@ class MessageQueue:
             self.current_idx = idx + 1 if idx + 1 < ring.max_chunks else 0
             if not packed:  # overflow: the chunk keeps the place, the frames go on the socket
                 self._send(self.local_socket, frames)
-            if (now := _monotonic()) >= self._next_notify:
-                self._next_notify = next_notify(self.handle.busy_loop_s, now)
-                self.notify_socket.send(b"\x00")  # wakes readers blocked in poll
+            if ring.buf[ring.waiting_offset]:  # a reader is about to block (spin_condition.py)
+                self._wake_readers()
         if self.remote_socket is not None:
             self._send(self.remote_socket, frames)
+
+    def _wake_readers(self) -> None:
+        if self.buffer.take_waiting():
+            self.notify_socket.send(b"\x00")  # CONFLATE: at most one is pending per reader
 
     def _send(self, sock: zmq.Socket, frames: list) -> None:
         sock.send_multipart(frames, copy=False)

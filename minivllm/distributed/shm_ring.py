@@ -57,12 +57,15 @@ class ShmRingBuffer:
 
     Memory layout (vLLM's, shm_broadcast.py:293-307):
 
-        +---------+---------+-----+-------------+--------+--------+-----+--------------+
-        | chunk 0 | chunk 1 | ... | chunk n - 1 | meta 0 | meta 1 | ... | meta n - 1   |
-        +---------+---------+-----+-------------+--------+--------+-----+--------------+
-        | max_chunks x max_chunk_bytes          | max_chunks x (1 + n_reader) bytes  |
+        +---------+---------+-----+-------------+--------+--------+-----+------------+---------+
+        | chunk 0 | chunk 1 | ... | chunk n - 1 | meta 0 | meta 1 | ... | meta n - 1 | waiting |
+        +---------+---------+-----+-------------+--------+--------+-----+------------+---------+
+        | max_chunks x max_chunk_bytes          | max_chunks x (1 + n_reader) bytes| 1 byte  |
 
         meta i = | written | read 0 | read 1 | ... | read n_reader - 1 |   one byte each
+
+    The last byte is minivllm's, not vLLM's: a reader sets it before it blocks, and the writer
+    wakes the readers only when it finds it set (mark_waiting, take_waiting).
 
     State table of one chunk (w = written flag, r_k = read flag of reader k):
 
@@ -94,7 +97,8 @@ class ShmRingBuffer:
         self.n_reader, self.max_chunk_bytes, self.max_chunks = n_reader, max_chunk_bytes, max_chunks
         self.metadata_size = 1 + n_reader
         self.metadata_offset = max_chunk_bytes * max_chunks
-        self.total_bytes = (max_chunk_bytes + self.metadata_size) * max_chunks
+        self.total_bytes = (max_chunk_bytes + self.metadata_size) * max_chunks + 1
+        self.waiting_offset = self.total_bytes - 1
         self.is_creator = name is None
         if self.is_creator:
             check_shm_free_space(self.total_bytes)
@@ -190,6 +194,26 @@ class ShmRingBuffer:
             return copy_out(self.buf, idx * self.max_chunk_bytes)
         finally:
             self.end_read(idx, reader)
+
+    # --- the waiting flag: a reader about to block, and the writer that must wake it -----
+    def mark_waiting(self) -> None:
+        """Reader: set the flag, then fence; look at the ring once more before blocking.
+
+        Dekker's order, on the same fences as the chunks' flags: the reader stores waiting = 1
+        and then loads written; the writer stores written = 1 (end_write fences after it) and
+        then loads waiting. At least one of them sees the other's store, so either the
+        reader's last look finds the chunk, or the writer finds the flag and wakes it.
+        """
+        self.buf[self.waiting_offset] = 1
+        memory_fence()
+
+    def take_waiting(self) -> bool:
+        """Writer, after end_write: was a reader about to block? Clears the flag. A reader that
+        sets it again meanwhile is woken by the caller's notification all the same."""
+        if not self.buf[self.waiting_offset]:
+            return False
+        self.buf[self.waiting_offset] = 0
+        return True
 
     def close(self) -> None:
         """Unmap the segment; the creator also unlinks it. Views from chunk() must be gone."""

@@ -3,20 +3,21 @@
 A reader that read something recently spins: it polls the ring's flag and calls
 os.sched_yield() between polls (about 1 µs, and another process may run). Never
 time.sleep(0): on CPython 3.11 that is a clock_nanosleep paying ~50 µs of timer slack.
-A reader idle for longer than busy_loop_s re-checks the ring once more, then blocks in zmq
-poll on two sockets:
-  - the writer's notify socket: one byte after an enqueue (see next_notify below);
+A reader idle for longer than busy_loop_s sets the ring's waiting flag, re-checks the ring
+once more, then blocks in zmq poll on two sockets:
+  - the writer's notify socket: one byte from an enqueue that found the waiting flag set;
   - an inproc PAIR: shutdown(), from another thread of the reader's process, wakes it.
-The writer side is one XPUB socket with SNDHWM = 1 and readers' SUB sockets CONFLATE, so a
-busy writer never queues more than one pending notification per reader.
-vLLM's version: shm_broadcast.py:120-236 (vLLM 0.33.0), which notifies after every enqueue.
+The writer side is one XPUB socket that never drops (SNDHWM = 0): it notifies only when it
+clears a waiting flag, so a dropped notification would be a lost wakeup. The readers' SUB
+sockets CONFLATE: at most one notification waits per reader.
 
-We notify at most once per busy_loop_s / 2 (a zmq send is about half of an enqueue's cost).
-No wakeup is lost: a reader blocks only busy_loop_s after its last read, and it re-checks
-the ring after deciding to block. A write the writer did not announce came less than
-busy_loop_s / 2 after an announced one, which the reader read (or it would not block), so
-the reader was still spinning then and sees the write. Only a writer preempted for more
-than busy_loop_s / 2 inside enqueue could slip through, and RECHECK_S bounds that delay.
+vLLM's version (shm_broadcast.py:120-236, vLLM 0.33.0) notifies after every enqueue, and a zmq
+send costs about as much as the rest of an enqueue. Ours notifies only when a reader said it is
+about to block: while readers spin, an enqueue costs one byte read more than a bare ring's.
+No wakeup is lost, by the order of the flag and the chunk (ShmRingBuffer.mark_waiting): the
+reader's last look at the ring either finds the message, or comes before the writer reads the
+flag, which it then finds set. RECHECK_S is only a safety net (a notification sent before this
+reader's subscription was live).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 from typing import Callable
 
 import zmq
+
+from minivllm.distributed.shm_ring import ShmRingBuffer
 
 # How long a reader keeps spinning after its last read. Long enough to cover the gap between
 # two steps of a busy engine; short enough that an idle engine stops burning a core quickly.
@@ -45,8 +48,9 @@ _cancel_ids = itertools.count()
 class SpinCondition:
     """The reader half: wait() returns when it is worth looking at the ring again."""
 
-    def __init__(self, context: zmq.Context, notify_addr: str, busy_loop_s: float = BUSY_LOOP_S):
-        self.busy_loop_s = busy_loop_s
+    def __init__(self, context: zmq.Context, notify_addr: str, ring: ShmRingBuffer,
+                 busy_loop_s: float = BUSY_LOOP_S):
+        self.ring, self.busy_loop_s = ring, busy_loop_s
         self.last_read = self.last_drain = time.monotonic()
         self.read_after_wait = False
         self.notify = context.socket(zmq.SUB)
@@ -91,11 +95,12 @@ class SpinCondition:
         """Spin once (yield), or block until a notification, a cancel, or the deadline; `now`
         is the caller's time.monotonic().
 
-        ready() re-reads the ring after the decision to block: see the module docstring.
+        ready() re-reads the ring after the waiting flag is set: see the module docstring.
         """
         if now - self.last_read <= self.busy_loop_s:
             os.sched_yield()
             return
+        self.ring.mark_waiting()
         if ready():
             return
         wait_s = RECHECK_S if deadline is None else min(RECHECK_S, max(0.0, deadline - now))
@@ -110,16 +115,13 @@ class SpinCondition:
         self.cancel_tx.send(b"\x00")
 
 
-def next_notify(busy_loop_s: float, now: float) -> float:
-    """The writer notified at `now`: the time from which its next enqueue notifies again (see
-    the module docstring). MessageQueue compares the clock with it on every enqueue."""
-    return now + busy_loop_s / 2
-
-
 def notify_socket(context: zmq.Context, address: str) -> zmq.Socket:
     """The writer half: XPUB so wait_until_ready() can count the readers' subscriptions."""
     sock = context.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-    sock.setsockopt(zmq.SNDHWM, 1)  # a pending notification is enough; drop the rest
+    # Never drop. With SNDHWM = 1 a notification was dropped while the writer had not yet seen
+    # the reader take the previous one, and the reader slept until RECHECK_S (1 run in 8 of
+    # test_readers_that_block_between_messages_miss_no_wakeup). Few are sent: see above.
+    sock.setsockopt(zmq.SNDHWM, 0)
     sock.bind(address)
     return sock
