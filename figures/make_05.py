@@ -118,7 +118,8 @@ def draw_schedule(result, path: Path | None = None):
 
 
 def draw_layout(path: Path | None = None, n_reader: int = 2, n_chunks: int = 4):
-    """Data chunks first, then (1 + n_reader) flag bytes per chunk: vLLM's layout."""
+    """Data chunks first, then (1 + n_reader) flag bytes per chunk: vLLM's layout; then the
+    waiting byte that only minivllm has (chapter 05, section 4.4)."""
     fig, ax = plt.subplots(figsize=(11, 2.4))
     x = 0.0
     for i in range(n_chunks):
@@ -133,17 +134,24 @@ def draw_layout(path: Path | None = None, n_reader: int = 2, n_chunks: int = 4):
                     fontsize=8)
             x += 0.32
         ax.text(x - 0.16 * (1 + n_reader) * 2 / 2, -0.25, f"meta {i}", ha="center", fontsize=8)
+    meta_end = x
+    ax.add_patch(Rectangle((x, 0), 0.32, 1, facecolor="#d9ead3", edgecolor="black"))
+    ax.text(x + 0.16, 0.5, "wt", ha="center", va="center", fontsize=8)
+    ax.text(x + 0.16, -0.25, "waiting\n(minivllm)", ha="center", va="top", fontsize=8)
+    x += 0.32
     ax.annotate("", xy=(0, 1.25), xytext=(1.6 * n_chunks, 1.25),
                 arrowprops=dict(arrowstyle="<->"))
     ax.text(0.8 * n_chunks, 1.4, "data: max_chunks x max_chunk_bytes", ha="center", fontsize=9)
-    ax.annotate("", xy=(1.6 * n_chunks, 1.25), xytext=(x, 1.25), arrowprops=dict(arrowstyle="<->"))
-    ax.text((1.6 * n_chunks + x) / 2, 1.4, "metadata: max_chunks x (1 + n_reader) bytes",
+    ax.annotate("", xy=(1.6 * n_chunks, 1.25), xytext=(meta_end, 1.25),
+                arrowprops=dict(arrowstyle="<->"))
+    ax.text((1.6 * n_chunks + meta_end) / 2, 1.4, "metadata: max_chunks x (1 + n_reader) bytes",
             ha="center", fontsize=9)
     ax.set_xlim(-0.1, x + 0.1)
-    ax.set_ylim(-0.5, 1.7)
+    ax.set_ylim(-0.7, 1.7)
     ax.axis("off")
     ax.set_title(f"ShmRingBuffer, {n_chunks} chunks, {n_reader} readers: w = written flag, "
-                 "rK = read flag of reader K (one byte each)", fontsize=9)
+                 "rK = read flag of reader K, wt = a reader is about to block (one byte each)",
+                 fontsize=9)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)
