@@ -20,8 +20,10 @@ def quick_mode() -> bool:
     return os.environ.get("MINIVLLM_QUICK", "") not in ("", "0")
 
 
-def bench_parser(name: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=description)
+def bench_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark has; --help shows the first paragraph of doc (the module's)."""
+    summary = " ".join(doc.split("\n\n", 1)[0].split())
+    parser = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=summary)
     parser.add_argument("--quick", action="store_true", help="a short run (also MINIVLLM_QUICK=1)")
     parser.add_argument("--json", metavar="FILE", help="write the results as one JSON object")
     return parser

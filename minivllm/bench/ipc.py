@@ -212,7 +212,7 @@ def plot(record: dict, path: str, title: str = "this machine") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("ipc", __doc__.splitlines()[0])
+    parser = bench_parser("ipc", __doc__)
     parser.add_argument("--plot", metavar="FILE", help="draw bandwidth and latency into a PNG")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()

@@ -145,7 +145,7 @@ def engine_cpu_s(client: SyncMPClient) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("overhead", __doc__.splitlines()[0])
+    parser = bench_parser("overhead", __doc__)
     parser.add_argument("--model", help="a .gguf file or HF directory (default SmolLM2-135M)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = parser.parse_args(argv)

@@ -100,7 +100,7 @@ def startup_cost(method: str, starts: int | None = None) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = bench_parser("processes", __doc__.splitlines()[0]).parse_args(argv)
+    args = bench_parser("processes", __doc__).parse_args(argv)
     if args.quick:
         os.environ["MINIVLLM_QUICK"] = "1"
     gil = gil_experiment()

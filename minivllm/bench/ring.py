@@ -107,7 +107,7 @@ def load_average() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("ring", __doc__.splitlines()[0])
+    parser = bench_parser("ring", __doc__)
     parser.add_argument("--readers", type=int, default=2, help="reader processes (default 2)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per headline figure")
     args = parser.parse_args(argv)

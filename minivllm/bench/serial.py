@@ -108,7 +108,7 @@ def ratios_of(rows: list[dict]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = bench_parser("serial", __doc__.splitlines()[0]).parse_args(argv)
+    args = bench_parser("serial", __doc__).parse_args(argv)
     quick = args.quick or quick_mode()
     rows = measure_batch(QUICK_BATCH_REPEATS if quick else BATCH_REPEATS)
     print("the seed step batch, encode + decode (medians):")

@@ -219,7 +219,7 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("serve", __doc__.splitlines()[0])
+    p = bench_parser("serve", __doc__)
     p.add_argument("--model", default=None, help="default: the bundled SmolLM2-135M-Instruct")
     p.add_argument("--max-concurrency", type=int, nargs="+", default=[32])
     p.add_argument("--num-prompts", type=int, default=None, help="default: 2 x max concurrency")

@@ -222,7 +222,7 @@ def describe_cpu() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("throughput", __doc__.splitlines()[0])
+    parser = bench_parser("throughput", __doc__)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batches", default="1,8,32")
     args = parser.parse_args(argv)

@@ -87,7 +87,7 @@ def run(sizes_mib=FULL_SIZES_MIB, repeats: int = FULL_REPEATS, cuda: bool = Fals
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("weights", __doc__.splitlines()[0])
+    parser = bench_parser("weights", __doc__)
     parser.add_argument("--cuda", action="store_true", help="also measure CUDA IPC (needs a GPU)")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
