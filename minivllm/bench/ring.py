@@ -9,9 +9,10 @@ Each headline figure is the median of --repeats runs; the ratios compare medians
 Fair by construction: MessageQueue and PUB/SUB carry the same object ([send time, payload
 bytes]) through the same MsgpackEncoder/MsgpackDecoder; the bare ring ("raw", _ring_workers.py)
 carries the same bytes in the same ShmRingBuffer with no serialization and readers that only
-spin: what MessageQueue could reach at best. Same message counts, one unreported warm-up run
-each, alternating run by run; CPU seconds are every process's (threads included) from the first
-send until the last reader is done.
+spin: what MessageQueue could reach at best. Every transport is called the same way, send(obj,
+timeout) and recv(timeout), with no wrapper around either. Same message counts, one unreported
+warm-up run each, alternating run by run; CPU seconds are every process's (threads included)
+from the first send until the last reader is done.
 
 Ratios:
     mq_vs_raw_ring_msgs_per_s   MessageQueue msgs/s / bare ring msgs/s    (goal >= 0.9)
