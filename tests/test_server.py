@@ -274,3 +274,19 @@ def test_256_concurrent_streams_all_complete(server):
             await aclient.close()
     results = asyncio.run(main())
     assert all(usage == 16 and finish == "length" for _, usage, finish in results)
+
+
+def test_shared_metrics_dir_keeps_the_users_folder_and_removes_only_its_own(tmp_path, monkeypatch):
+    from minivllm.entrypoints.openai.metrics import MULTIPROC_ENV, shared_metrics_dir
+
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    with shared_metrics_dir() as made:
+        assert os.environ[MULTIPROC_ENV] == made and os.path.isdir(made)
+    assert not os.path.exists(made) and MULTIPROC_ENV not in os.environ
+    mine = tmp_path / "prometheus"
+    mine.mkdir()
+    (mine / "counter_1.db").write_bytes(b"a value from an earlier run")
+    monkeypatch.setenv(MULTIPROC_ENV, str(mine))
+    with shared_metrics_dir() as used:
+        assert used == str(mine)
+    assert (mine / "counter_1.db").exists() and os.environ[MULTIPROC_ENV] == str(mine)

@@ -24,7 +24,6 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -159,29 +158,28 @@ def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
 def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: int) -> int:
     """The launcher: engine cores for `count` clients, then `count` API server processes."""
     from minivllm.engine.utils import launch_core_engines
-    from minivllm.entrypoints.openai.metrics import MULTIPROC_ENV
+    from minivllm.entrypoints.openai.metrics import shared_metrics_dir
     from minivllm.utils.mp import launch
 
     config = engine_config(args)
     spawn = multiprocessing.get_context("spawn")  # vLLM's API servers always spawn
     engine_manager, addresses = launch_core_engines(config, num_api_servers=count)
     servers = []
-    metrics_dir = private_dir("metrics")  # the API servers' metric values, summed on a scrape
-    os.environ.setdefault(MULTIPROC_ENV, metrics_dir)  # before they start (or the user's own)
-    try:
-        for i in range(count):
-            client = {"input_address": addresses.inputs[i],
-                      "output_address": addresses.outputs[i]}
-            servers.append(launch(api_server_proc, f"APIServer_{i}",
-                                  args=(args, sock, client, i), context=spawn,
-                                  ready_timeout=API_SERVER_READY_TIMEOUT_S))
-        announce(args, config, count)
-        return wait_for_first_exit(servers)
-    finally:
-        for handle in servers:
-            handle.shutdown()
-        engine_manager.close()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+    # shared_metrics_dir: where the API servers' metric values meet, summed on a scrape
+    with shared_metrics_dir():
+        try:
+            for i in range(count):
+                client = {"input_address": addresses.inputs[i],
+                          "output_address": addresses.outputs[i]}
+                servers.append(launch(api_server_proc, f"APIServer_{i}",
+                                      args=(args, sock, client, i), context=spawn,
+                                      ready_timeout=API_SERVER_READY_TIMEOUT_S))
+            announce(args, config, count)
+            return wait_for_first_exit(servers)
+        finally:
+            for handle in servers:
+                handle.shutdown()
+            engine_manager.close()
 
 
 def wait_for_first_exit(servers: list[Any]) -> int:

@@ -7,22 +7,45 @@ as outputs arrive. In vLLM: vllm/v1/metrics/loggers.py:528 (num_requests_running
 inter-token latency and e2e histograms).
 
 Several API servers (`serve --api-server-count N`) answer /metrics in turn, so each must report
-the sum over all of them: the launcher sets MULTIPROC_ENV to a private folder before it starts
-them, every process writes its values to files there (prometheus_client's multiprocess mode),
+the sum over all of them: the launcher sets MULTIPROC_ENV to a folder before it starts them
+(shared_metrics_dir), every process writes its values to files there (prometheus_client's multiprocess mode),
 and a scrape adds them up. Counters and histograms sum; the engine gauges take the most recent
 value. vLLM does the same: vllm/v1/metrics/prometheus.py:17-47 (setup_multiprocess_prometheus).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Iterator
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest, multiprocess)
 
+from minivllm.utils.resource_names import private_dir
+
 disable_created_metrics()  # no `_created` timestamp series next to every counter
 # prometheus_client's own variable; read when it is imported, so set it before a process starts.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextlib.contextmanager
+def shared_metrics_dir() -> Iterator[str]:
+    """The folder where the API servers started inside the block write their values: the
+    user's own MULTIPROC_ENV, left as it is; or a private folder, which the variable names
+    during the block and which is removed after it."""
+    if user_dir := os.environ.get(MULTIPROC_ENV):
+        yield user_dir
+        return
+    path = private_dir("metrics")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
