@@ -1,9 +1,11 @@
 """AsyncLLM, the front end of the HTTP server: streams, validation, abort on cancel, death."""
 
 import asyncio
+import gc
 import os
 import signal
 import time
+import weakref
 
 import pytest
 from tiny_model import make_tiny_model_dir
@@ -96,3 +98,20 @@ def test_kill_9_reaches_every_stream_and_every_later_call(tiny_dir):
         with pytest.raises(EngineDeadError):
             await llm.get_stats()
     run(tiny_dir, scenario)
+
+
+def test_a_dropped_async_llm_stops_its_engine_while_its_loop_runs(tiny_dir):
+    """A notebook or a server that replaces its AsyncLLM drops the old one: its engine must
+    stop at once, not when the event loop ends (the output handler holds it only weakly)."""
+    async def main():
+        llm = AsyncLLM(EngineConfig(model=tiny_dir))
+        await last_output(llm, "The capital", GREEDY, "a")  # the handler task is running
+        handle, handler = llm.engine_core.engine_manager.handles[0], llm.output_handler
+        ref = weakref.ref(llm)
+        del llm
+        gc.collect()
+        assert ref() is None, f"something still holds the AsyncLLM: {gc.get_referrers(ref())}"
+        code = await asyncio.to_thread(handle.exit_code, 60.0)
+        await asyncio.sleep(0)  # the handler's cancellation runs
+        return code, handler.cancelled()
+    assert asyncio.run(main()) == (0, True)  # asked to stop, not killed; the handler ended

@@ -290,7 +290,6 @@ def test_a_start_up_failure_is_reported_with_the_engines_traceback(tiny_dir, tmp
         SyncMPClient(EngineConfig(model=broken))
 
 
-
 def test_a_dropped_llm_stops_its_engine_like_close(tiny_dir):
     """Re-running `llm = LLM(...)` in a notebook drops the old LLM: its engine core must stop,
     and its client threads (which hold it only weakly) end, once it is collected."""
@@ -307,6 +306,7 @@ def test_a_dropped_llm_stops_its_engine_like_close(tiny_dir):
         t.join(EXIT_WAIT_S)
         assert not t.is_alive(), f"{t.name} outlived its client"
 
+
 def test_an_engine_not_ready_in_time_is_stopped_with_an_error_that_says_which(tiny_dir):
     """READY needs the addresses first, then the model: with no time allowed for the model,
     the launcher must raise at once, naming the engine, and stop the process it started."""
@@ -316,6 +316,7 @@ def test_an_engine_not_ready_in_time_is_stopped_with_an_error_that_says_which(ti
         launch_core_engines(EngineConfig(model=tiny_dir), ready_timeout=0.0)
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], left
+
 
 if __name__ == "__main__":
     if sys.argv[1] == "fault-in-step":

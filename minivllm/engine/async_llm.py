@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import weakref
 from typing import Any, AsyncGenerator
 
 from minivllm.engine.config import EngineConfig
@@ -63,11 +64,18 @@ class AsyncLLM:
         self.tokenizer = Tokenizer.from_path(config.model)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.collectors: dict[str, RequestOutputCollector] = {}
-        self.output_handler: asyncio.Task | None = None
+        self._handler: dict[str, asyncio.Task] = {}  # "task": the output handler, once started
         self._dead_error: EngineDeadError | None = None
         self.engine_core = EngineCoreClient.make_client(
             config, asyncio_mode=True, multiprocess=True, client_addresses=client_addresses,
             client_index=client_index)
+        # A dropped AsyncLLM stops its engine: the handler task holds it only weakly
+        # (vLLM's output handler captures what it needs for the same reason, async_llm.py:856).
+        self._finalizer = weakref.finalize(self, _stop, self.engine_core, self._handler)
+
+    @property
+    def output_handler(self) -> asyncio.Task | None:
+        return self._handler.get("task")
 
     @property
     def dead_error(self) -> EngineDeadError | None:
@@ -78,29 +86,9 @@ class AsyncLLM:
         return self.dead_error is not None
 
     def _ensure_output_handler(self) -> None:
-        if self.output_handler is None:
-            self.output_handler = asyncio.get_running_loop().create_task(self._run_output_handler())
-
-    async def _run_output_handler(self) -> None:
-        try:
-            while True:
-                outputs = await self.engine_core.get_output_async()
-                with tracing.span("detokenize"):
-                    updated, to_abort = self.output_processor.process_outputs(outputs)
-                for out in updated:
-                    collector = self.collectors.get(out.request_id)
-                    if collector is not None:
-                        collector.put(out)
-                if to_abort:  # stop strings, found here after detokenizing
-                    await self.engine_core.abort_requests_async(to_abort)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a dead handler must not leave streams waiting
-            error = e if isinstance(e, EngineDeadError) else EngineDeadError(
-                f"the output handler failed: {e!r}; restart the engine")
-            self._dead_error = error
-            for collector in self.collectors.values():
-                collector.put(error)
+        if "task" not in self._handler:
+            self._handler["task"] = asyncio.get_running_loop().create_task(_run_output_handler(
+                weakref.ref(self), self.engine_core, self.output_processor, self.collectors))
 
     async def generate(self, prompt: PromptType,
                        sampling_params: SamplingParams, request_id: str
@@ -156,11 +144,52 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         """Stop the engine core processes; nothing is left behind. Idempotent."""
-        if self.output_handler is not None and not self.output_handler.done():
-            self.output_handler.cancel()
-        self.engine_core.shutdown()
+        self._finalizer()
         for collector in self.collectors.values():
             collector.put(self.engine_core.dead_error)
+
+
+async def _run_output_handler(llm_ref: "weakref.ref[AsyncLLM]", engine_core: Any,
+                              output_processor: OutputProcessor,
+                              collectors: dict[str, RequestOutputCollector]) -> None:
+    """AsyncLLM's output handler: detokenize each step's outputs and hand them to the
+    requests' collectors. It holds the AsyncLLM only weakly, to record a death."""
+    try:
+        while True:
+            outputs = await engine_core.get_output_async()
+            with tracing.span("detokenize"):
+                updated, to_abort = output_processor.process_outputs(outputs)
+            for out in updated:
+                collector = collectors.get(out.request_id)
+                if collector is not None:
+                    collector.put(out)
+            if to_abort:  # stop strings, found here after detokenizing
+                await engine_core.abort_requests_async(to_abort)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a dead handler must not leave streams waiting
+        error = e if isinstance(e, EngineDeadError) else EngineDeadError(
+            f"the output handler failed: {e!r}; restart the engine")
+        if (llm := llm_ref()) is not None:
+            llm._dead_error = error
+        for collector in collectors.values():
+            collector.put(error)
+
+
+def _stop(engine_core: Any, handler: dict[str, asyncio.Task]) -> None:
+    """shutdown(), or the finalizer of a dropped AsyncLLM: cancel the handler, stop the engine."""
+    task = handler.get("task")
+    if task is not None and not task.done():
+        loop = task.get_loop()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+    engine_core.shutdown()
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
