@@ -60,7 +60,7 @@ class ShmRingBuffer:
         +---------+---------+-----+-------------+--------+--------+-----+------------+---------+
         | chunk 0 | chunk 1 | ... | chunk n - 1 | meta 0 | meta 1 | ... | meta n - 1 | waiting |
         +---------+---------+-----+-------------+--------+--------+-----+------------+---------+
-        | max_chunks x max_chunk_bytes          | max_chunks x (1 + n_reader) bytes| 1 byte  |
+        | max_chunks x max_chunk_bytes          | max_chunks x (1 + n_reader) bytes  | 1 byte  |
 
         meta i = | written | read 0 | read 1 | ... | read n_reader - 1 |   one byte each
 
