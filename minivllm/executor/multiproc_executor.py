@@ -57,6 +57,9 @@ EXECUTE_MODEL_TIMEOUT_S = 300.0  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS def
 OVERSUBSCRIBED_SPIN_S = 0.002
 # After a failed step, how long to look for a dead peer before blaming the rank that replied.
 DEATH_GRACE_S = 1.0
+# Once a peer is known dead, how long the monitor thread may take to record it (a loaded
+# machine: the whole wait is spent only when a worker really died).
+FAILURE_RECORD_S = 10.0
 
 
 class WorkerDiedError(RuntimeError):
@@ -191,13 +194,13 @@ class MultiprocExecutor(Executor):
     def _raise_if_a_worker_died(self, reply: RPCError) -> None:
         """A peer's death often reaches the output rank first, as a failed all-reduce: blame
         the dead worker, not the rank that noticed."""
-        alive = [w.proc.sentinel for w in self.workers if w.proc.is_alive()]
-        if len(alive) == len(self.workers):
-            multiprocessing.connection.wait(alive, DEATH_GRACE_S)
-        deadline = time.monotonic() + DEATH_GRACE_S
-        while not self.is_failed and time.monotonic() < deadline and \
-                any(not w.proc.is_alive() for w in self.workers):
-            time.sleep(0.01)  # the monitor thread is writing self.failure
+        # Sentinels, not is_alive(): the monitor thread reaps the dead worker, and a waitpid
+        # that loses that race reports "alive" (ECHILD), which blamed the rank that noticed.
+        sentinels = [w.proc.sentinel for w in self.workers]
+        if multiprocessing.connection.wait(sentinels, DEATH_GRACE_S):  # one is dead, or dies
+            deadline = time.monotonic() + FAILURE_RECORD_S
+            while not self.is_failed and time.monotonic() < deadline:
+                time.sleep(0.01)  # the monitor thread is writing self.failure
         if self.is_failed:
             last = reply.error.strip().splitlines()[-1]
             raise WorkerDiedError(f"execute_model: {self.failure}\n(worker {reply.rank} then "
