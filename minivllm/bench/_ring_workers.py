@@ -154,7 +154,8 @@ def _run_phase(phase: Phase, address, rank: int, conn):
 
 
 def write_phase(phase: Phase, send, n_reader: int) -> tuple[int, float]:
-    """Send phase.n messages with `send(obj, timeout)`; return (start ns, writer CPU seconds so far).
+    """Send phase.n messages with `send(obj, timeout)`; return (start ns, writer CPU seconds
+    so far).
 
     The caller reads the CPU clock again once the readers are done: a ZMQ writer's I/O thread
     is still sending after the last send() returns, and that work counts too."""

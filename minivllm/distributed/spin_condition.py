@@ -12,8 +12,9 @@ clears a waiting flag, so a dropped notification would be a lost wakeup. The rea
 sockets CONFLATE: at most one notification waits per reader.
 
 vLLM's version (shm_broadcast.py:120-236, vLLM 0.33.0) notifies after every enqueue, and a zmq
-send to two readers costs about 1 µs, more than half of our whole 1.7 µs enqueue. Ours notifies only when a reader said it is
-about to block: while readers spin, an enqueue costs one byte read more than a bare ring's.
+send to two readers costs about 1 µs, more than half of our whole 1.7 µs enqueue. Ours notifies
+only when a reader said it is about to block: while readers spin, an enqueue costs one byte read
+more than a bare ring's.
 No wakeup is lost, by the order of the flag and the chunk (ShmRingBuffer.mark_waiting): the
 reader's last look at the ring either finds the message, or comes before the writer reads the
 flag, which it then finds set. RECHECK_S is only a safety net (a notification sent before this
