@@ -10,7 +10,8 @@ Several API servers (`serve --api-server-count N`) answer /metrics in turn, so e
 the sum over all of them: the launcher sets MULTIPROC_ENV to a folder before it starts them
 (shared_metrics_dir), every process writes its values to files there (prometheus_client's
 multiprocess mode), and a scrape adds them up. Counters and histograms sum; the engine gauges
-take the most recent value. vLLM does the same: vllm/v1/metrics/prometheus.py:17-47 (setup_multiprocess_prometheus).
+take the most recent value. vLLM does the same: vllm/v1/metrics/prometheus.py:17-47
+(setup_multiprocess_prometheus).
 """
 
 from __future__ import annotations
