@@ -24,6 +24,7 @@ from typing import Any, AsyncGenerator
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.core_client_mp import call_in_loop
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
@@ -180,15 +181,7 @@ def _stop(engine_core: Any, handler: dict[str, asyncio.Task]) -> None:
     """shutdown(), or the finalizer of a dropped AsyncLLM: cancel the handler, stop the engine."""
     task = handler.get("task")
     if task is not None and not task.done():
-        loop = task.get_loop()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            task.cancel()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
+        call_in_loop(task.get_loop(), task.cancel)
     engine_core.shutdown()
 
 

@@ -35,6 +35,20 @@ def settle(future: Future | asyncio.Future, result: Any = None,
         future.set_result(result)
 
 
+def call_in_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """Run fn(*args) on loop, from whichever thread we are on; nothing if the loop is closed."""
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        fn(*args)
+    else:
+        loop.call_soon_threadsafe(fn, *args)
+
+
 class SyncMPClient(MPClient):
     def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
                  client_index: int = 0) -> None:
@@ -166,18 +180,8 @@ class AsyncMPClient(MPClient):
             self.set_dead(EngineDeadError(f"the client's output task failed: {e!r}"))
 
     def _in_loop(self, fn: Any, *args: Any) -> None:
-        """Run fn(*args) on the client's loop, from whichever thread we are on."""
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            fn(*args)
-        else:
-            loop.call_soon_threadsafe(fn, *args)
+        if self.loop is not None:
+            call_in_loop(self.loop, fn, *args)
 
     def _wake_waiters(self, error: EngineDeadError) -> None:
         if self.outputs_queue is not None:
