@@ -32,3 +32,55 @@ def test_starter_fails(ex):
 def test_variant_fails_as_declared(ex, variant):
     problem = selfcheck.check_variant(ex, variant)
     assert problem is None, problem
+
+
+# Issue 22's contract for every exercise: a requirements table beside its tests that names
+# each test and the variants only it catches, at least MIN_VARIANTS variants, every test needed
+# by some variant, and every "fail" variant checked for a message that names its cause.
+MIN_VARIANTS = 10
+
+
+def registered_tests(ex) -> list[str]:
+    """The names of tests.py's @test functions, in order, read without running the file."""
+    import ast
+    tree = ast.parse(ex.tests.read_text())
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "test"
+                    for d in node.decorator_list)]
+
+
+def requirement_rows(ex) -> list[tuple[str, str, str]]:
+    """(requirement, test cell, variants cell) for each row of requirements.md's table."""
+    rows = []
+    for line in (ex.folder / "requirements.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.lstrip().startswith("|") and len(cells) >= 3 and not set(cells[1]) <= set("-: "):
+            rows.append((cells[0], cells[1], " | ".join(cells[2:])))
+    return rows[1:]  # the header row
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=[e.number for e in EXERCISES])
+def test_requirements_table_names_every_test_and_variant(ex):
+    path = ex.folder / "requirements.md"
+    assert path.exists(), f"exercise {ex.number} has no requirements.md beside its tests"
+    rows = requirement_rows(ex)
+    tests = registered_tests(ex)
+    for name in tests:
+        assert any(f"`{name}`" in cell for _, cell, _ in rows), \
+            f"exercise {ex.number}: test {name} checks no requirement in requirements.md"
+    for v in ex.variants():
+        assert any(f"`{v.test}`" in cell and v.name in caught for _, cell, caught in rows), \
+            f"exercise {ex.number}: variant {v.name!r} is not listed in the row of {v.test}"
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=[e.number for e in EXERCISES])
+def test_every_test_is_needed_and_every_variant_names_its_cause(ex):
+    variants = ex.variants()
+    assert len(variants) >= MIN_VARIANTS, \
+        f"exercise {ex.number} has {len(variants)} known-wrong variants, fewer than {MIN_VARIANTS}"
+    needed = {v.test for v in variants}
+    for name in registered_tests(ex):
+        assert name in needed, f"exercise {ex.number}: no variant needs test {name}"
+    for v in variants:
+        assert v.kind != "fail" or v.contains, \
+            f"exercise {ex.number}: variant {v.name!r} fails without `contains` naming its cause"
