@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="minivllm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("bench", help="run a benchmark on this machine", add_help=False)
+    sub.add_parser("serve", help="serve a model behind an OpenAI-compatible API "
+                   "(`minivllm serve --help` lists its flags)", add_help=False)
+    sub.add_parser("bench", help="run a benchmark on this machine "
+                   "(`minivllm bench --help` lists them)", add_help=False)
     if argv and argv[0] == "bench":
         return run_bench(argv[1:])
     if argv and argv[0] == "serve":

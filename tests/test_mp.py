@@ -164,6 +164,21 @@ def test_target_defined_in_main_fails_in_a_spawn_child_with_advice():
     assert "importable module" in str(e.value)
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_script_piped_on_stdin_gets_one_clear_error_before_any_child_starts(method):
+    """A spawn child re-runs '<stdin>', which it cannot open: one error that says what to do,
+    not a FileNotFoundError traceback from each child."""
+    script = ("from minivllm.utils import mp\n"
+              "import tests.test_mp as t\n"
+              f"mp.launch(t.echo_ready, 'worker', args=(1,), context=t.ctx({method!r}))\n")
+    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert run.returncode != 0
+    assert "ChildStartError: cannot start worker" in run.stderr, run.stderr
+    assert "Save the script to a file" in run.stderr
+    assert "FileNotFoundError" not in run.stderr, run.stderr
+
+
 def test_lambda_cannot_be_sent_to_spawn():
     with pytest.raises(mp.ChildStartError, match="cannot send the target of lam"):
         mp.launch(lambda link: None, "lam", context=ctx("spawn"))

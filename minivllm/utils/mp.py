@@ -329,6 +329,20 @@ def _wait_ready(handle: ProcHandle, ready_reader, timeout: float) -> Any:
                             "slow. See its log above, or pass a larger ready_timeout")
 
 
+def _check_main_reimportable(method: str, name: str) -> None:
+    """A spawn or forkserver child re-runs the parent's __main__ from its file: refuse at once,
+    with what to do, where that file does not exist (a script piped in on stdin is '<stdin>'),
+    instead of letting each child die in its own FileNotFoundError traceback."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or path is None or os.path.exists(path):
+        return
+    raise ChildStartError(
+        f"cannot start {name} with {method}: a {method} child re-imports your main script, and "
+        f"{path!r} is not a file it can read (a script piped in on stdin?). Save the script to a "
+        f"file and run `python file.py`")
+
+
 def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict | None = None,
            *, ready_timeout: float = READY_TIMEOUT_S, context: BaseContext | None = None,
            daemon: bool = False) -> ProcHandle:
@@ -344,6 +358,7 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
     # (args are pickled by multiprocessing, which can pass pipes and sockets to a spawn child.)
     sent_target: Any = target
     if not forking:
+        _check_main_reimportable(ctx.get_start_method(), name)
         try:
             sent_target = pickle.dumps(target)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
