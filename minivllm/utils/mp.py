@@ -41,7 +41,8 @@ import weakref
 from multiprocessing.context import BaseContext
 from typing import Any, Callable
 
-from minivllm.utils.run_dir import mark_dead, remove_process_dir, run_dir
+from minivllm.utils import owner_exit
+from minivllm.utils.run_dir import mark_dead, remove_at_exit, remove_process_dir, run_dir
 
 START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"  # vLLM's VLLM_WORKER_MULTIPROC_METHOD
 DEFAULT_START_METHOD = "fork"  # vLLM's default (vllm/envs.py:939): the cheapest start
@@ -365,6 +366,8 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
             raise ChildStartError(f"cannot send the target of {name} to a {ctx.get_start_method()} "
                                   f"child: {e}. Define it at the top level of a module") from e
     run_dir()  # made before the child starts, so that the child's socket files go there too
+    owner_exit.on_terminate(_shutdown_quickly)
+    owner_exit.on_terminate(remove_at_exit)
     ready_reader, ready_writer = ctx.Pipe(duplex=False)
     death_reader, death_writer = ctx.Pipe(duplex=False)
     alive_reader, alive_writer = ctx.Pipe(duplex=False)
@@ -387,7 +390,12 @@ def launch(target: Callable[..., Any], name: str, args: tuple = (), kwargs: dict
 
 
 @atexit.register
-def _shutdown_all() -> None:
+def _shutdown_all(grace_s: float = STOP_GRACE_S) -> None:
     """At exit, stop children the program forgot, before multiprocessing joins them forever."""
     for handle in list(_LIVE):
-        handle.shutdown()
+        handle.shutdown(timeout=grace_s, term_timeout=min(grace_s, TERM_GRACE_S))
+
+
+def _shutdown_quickly() -> None:
+    """The owner is being terminated: its children get a short grace (utils/owner_exit.py)."""
+    _shutdown_all(owner_exit.CLEANUP_GRACE_S)

@@ -16,10 +16,13 @@ Who removes what:
     launch()'s parent      a child's <pid> folder once the child is gone (utils/mp.py)
     the owner              the whole folder at exit
     any process at exit    the whole folder, if the owner is dead: it was killed
+    a new owner            the folders of dead owners (its prefix, its user) when it makes its own
+    a terminated owner     its children and folders, from its SIGTERM handler (utils/owner_exit.py)
 """
 
 from __future__ import annotations
 
+import glob
 import multiprocessing.util
 import os
 import re
@@ -28,7 +31,7 @@ import tempfile
 
 import psutil
 
-from minivllm.utils.resource_names import private_dir
+from minivllm.utils.resource_names import private_dir, resource_prefix
 
 RUN_DIR_ENV = "MINIVLLM_RUN_DIR"
 _OWNER = re.compile(r"-run(\d+)-[^/]*$")
@@ -45,11 +48,26 @@ def run_dir() -> str:
     # A folder in another temp dir belongs to an earlier run (the test suite gives each test
     # its own TMPDIR) and may be gone.
     if not (os.path.isdir(path) and os.path.dirname(path) == tempfile.gettempdir()):
+        _sweep_dead_owners()
         path = private_dir(f"run{os.getpid()}")
         _made.append(path)
         os.environ[RUN_DIR_ENV] = path  # children started from now on share it
     _register_cleanup()
     return path
+
+
+def _sweep_dead_owners() -> None:
+    """Remove this user's run folders of this prefix whose owner is dead: an owner that was
+    SIGKILLed ran no cleanup, and nobody else would ever remove its folder."""
+    pattern = os.path.join(tempfile.gettempdir(), f"{resource_prefix()}-run*-*")
+    for path in glob.glob(pattern):
+        owner = owner_pid(path)
+        try:
+            mine = os.stat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and owner is not None and not _pid_alive(owner):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def process_dir(pid: int | None = None) -> str:
@@ -88,16 +106,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _register_cleanup() -> None:
-    """Run _at_exit when this process exits: multiprocessing's exit hook runs in the main
+    """Run remove_at_exit when this process exits: multiprocessing's exit hook runs in the main
     process (atexit) and in its children (which skip atexit); a forked child registers again.
     Priority -1: after that hook has joined this process's own children."""
     global _cleanup_registered_in
     if _cleanup_registered_in != os.getpid():
         _cleanup_registered_in = os.getpid()
-        multiprocessing.util.Finalize(None, _at_exit, exitpriority=-1)
+        multiprocessing.util.Finalize(None, remove_at_exit, exitpriority=-1)
 
 
-def _at_exit() -> None:
+def remove_at_exit() -> None:
+    """This process is ending: remove the run folders it owns, or its own <pid> folder."""
     for made in _made:
         if owner_pid(made) == os.getpid():  # not a forked child's inherited list
             shutil.rmtree(made, ignore_errors=True)
