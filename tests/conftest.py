@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from minivllm.utils.leaks import Snapshot, become_subreaper
+from minivllm.utils.leaks import Snapshot, become_subreaper, reap_orphans
 from minivllm.utils.resource_names import PREFIX_ENV, name_default_segments
 
 os.environ.setdefault("MINIVLLM_QUICK", "1")
@@ -38,6 +38,7 @@ def no_leaks(monkeypatch):
     monkeypatch.setenv(PREFIX_ENV, prefix)
     monkeypatch.setenv("TMPDIR", private)
     monkeypatch.setattr(tempfile, "tempdir", private)
+    reap_orphans()  # workers of an engine core killed by an earlier test, adopted since
     before = Snapshot(prefix, private_dirs=[private],
                       socket_roots=[(os.path.dirname(private), 1)])
     yield

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from multiprocessing import shared_memory
 
 import psutil
@@ -149,3 +150,32 @@ def test_killed_processes_leave_no_multiprocessing_semaphores():
         for f in files:  # this test's own files, if the check above failed
             if os.path.exists(f):
                 os.unlink(f)
+
+
+ORPHAN_MAKER = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(0.5)  # outlive the parent, then exit as a killed engine core's worker does
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_adopted_orphans_are_reaped_not_left_as_zombies():
+    """A killed parent's child comes back to the subreaper (pytest) and exits: nobody but the
+    subreaper can wait for it (three TP workers stayed zombies for 20 minutes before)."""
+    from minivllm.utils.leaks import reap_orphans
+    middle = subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER], stdout=subprocess.PIPE, text=True)
+    orphan = int(middle.stdout.readline())
+    middle.stdout.close()
+    middle.kill()
+    middle.wait()
+    zombie = psutil.Process(orphan)
+    deadline = time.monotonic() + 30
+    while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert zombie.ppid() == os.getpid() and zombie.status() == psutil.STATUS_ZOMBIE
+    assert orphan in reap_orphans()
+    assert not psutil.pid_exists(orphan), "the adopted orphan is still a zombie"

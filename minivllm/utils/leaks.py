@@ -16,6 +16,7 @@ and never deleted.
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import stat
@@ -150,6 +151,31 @@ def reap_zombies(pids) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+def reap_orphans() -> list[int]:
+    """Collect the zombies a subreaper adopted: when an engine core is killed, its workers come
+    back to the subreaper and exit, and nobody else will ever wait for them. Every dead direct
+    child that multiprocessing does not track is reaped (a subprocess.Popen of this process
+    whose child is reaped here reads returncode 0 later: call this between tests, not during
+    one). Returns the pids it reaped."""
+    tracked = {p.pid for p in multiprocessing.active_children()}  # polls (reaps) its own first
+    reaped = []
+    for p in child_processes_direct():
+        try:
+            if p.pid not in tracked and p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+                reaped.append(p.pid)
+        except (psutil.Error, ChildProcessError):
+            pass
+    return reaped
+
+
+def child_processes_direct() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=False)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def remove_paths(paths) -> None:
