@@ -12,5 +12,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --no-deps -e .
 # The model's fused CPU ops (minivllm/model/csrc/cpu_ops.c), compiled for this CPU; without
 # a C compiler the model runs their torch versions, so this step may fail.
-.venv/bin/python -m minivllm.model.csrc_build >/dev/null \
+.venv/bin/python -m minivllm.model.op_selection >/dev/null \
   || echo "note: the C ops did not build; the model will use its torch ops" >&2

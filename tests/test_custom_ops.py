@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from tiny_model import make_tiny_model_dir
 
-from minivllm.model import csrc_build, custom_ops, op_selection
-from minivllm.model.attention import AttentionMetadata, PrefillChunk, _decode_torch
+from minivllm.model import csrc_build, custom_ops, op_choice, op_selection
+from minivllm.model.attention import AttentionMetadata, PrefillChunk, decode_torch
 from minivllm.model.kv_layout import key_blocks, value_blocks
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_config, load_weights
@@ -25,12 +25,12 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compil
 @pytest.fixture(autouse=True)
 def c_ops(monkeypatch):
     """Every op in C, whatever this CPU measured faster: these tests compare C with torch."""
-    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "c"))
+    monkeypatch.setattr(op_choice, "_table", dict.fromkeys(op_choice.OPS, "c"))
 
 
 def _switch_to_torch_ops(monkeypatch):
     """From here on in the test, custom_ops runs its torch versions."""
-    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "torch"))
+    monkeypatch.setattr(op_choice, "_table", dict.fromkeys(op_choice.OPS, "torch"))
 
 
 def test_the_ops_build_and_load_here():
@@ -67,9 +67,9 @@ def test_skinny_linear(rows):
     g = torch.Generator().manual_seed(rows)
     for n, k in ((960, 576), (10, 37)):
         x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-        torch.testing.assert_close(custom_ops.skinny_linear(x, w), x @ w.t(), atol=1e-4, rtol=1e-4)
-    assert custom_ops.skinny_linear(torch.randn(rows, 8), torch.randn(5, 8)) is None  # odd N
-    assert custom_ops.skinny_linear(torch.randn(8, 8), torch.randn(4, 8)) is None  # 8 rows
+        torch.testing.assert_close(custom_ops.skinny_linear_c(x, w), x @ w.t(), atol=1e-4, rtol=1e-4)
+    assert custom_ops.skinny_linear_c(torch.randn(rows, 8), torch.randn(5, 8)) is None  # odd N
+    assert custom_ops.skinny_linear_c(torch.randn(8, 8), torch.randn(4, 8)) is None  # 8 rows
 
 
 def _random_cache(num_kv_heads, num_blocks, block_size, head_dim, seed):
@@ -90,20 +90,20 @@ def test_paged_decode_matches_the_torch_gather(heads, kv_heads, head_dim, block_
     meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(lens),
                              decode_block_tables=tables, decode_seq_lens=lens)
     scale = 1 / math.sqrt(head_dim)
-    out = custom_ops.paged_decode(q, cache, tables, lens, scale)
+    out = custom_ops.paged_decode_c(q, cache, tables, lens, scale)
     assert out is not None
-    torch.testing.assert_close(out, _decode_torch(q, cache, meta, scale), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, decode_torch(q, cache, meta, scale), atol=1e-5, rtol=1e-5)
 
 
 def test_paged_decode_declines_what_it_cannot_run():
     cache, _ = _random_cache(1, 4, 4, 8, 0)
     lens, tables = torch.tensor([3]), torch.tensor([[2]])
-    assert custom_ops.paged_decode(torch.randn(1, 9, 8), cache, tables, lens, 1.0) is None  # G > 8
-    bf16 = custom_ops.paged_decode(torch.randn(1, 2, 8).bfloat16(), cache.bfloat16(), tables,
+    assert custom_ops.paged_decode_c(torch.randn(1, 9, 8), cache, tables, lens, 1.0) is None  # G > 8
+    bf16 = custom_ops.paged_decode_c(torch.randn(1, 2, 8).bfloat16(), cache.bfloat16(), tables,
                                    lens, 1.0)
     assert bf16 is None
     with pytest.raises(ValueError, match="longer than its block table"):
-        custom_ops.paged_decode(torch.randn(1, 2, 8), cache, tables, torch.tensor([5]), 1.0)
+        custom_ops.paged_decode_c(torch.randn(1, 2, 8), cache, tables, torch.tensor([5]), 1.0)
 
 
 def _rope_case(seed, head_dim):
@@ -177,7 +177,7 @@ def fresh_load(monkeypatch):
     """csrc_build.load() and the op choice resolved again under the test's environment, and
     again after it."""
     csrc_build.load.cache_clear()
-    monkeypatch.setattr(custom_ops, "_choices", None)
+    monkeypatch.setattr(op_choice, "_table", op_choice.table())
     yield
     csrc_build.load.cache_clear()
 
@@ -185,7 +185,8 @@ def fresh_load(monkeypatch):
 def test_custom_ops_env_switches_to_torch(monkeypatch, fresh_load):
     monkeypatch.setenv(csrc_build.ENABLE_ENV, "torch")
     assert csrc_build.load() is None
-    assert set(custom_ops.choices().values()) == {"torch"}
+    assert set(op_selection.resolve().values()) == {"torch"}
+    op_choice.set_table(op_selection.resolve())
     x = torch.randn(3, 8)
     torch.testing.assert_close(custom_ops.rms_norm(x, None, 1e-6),
                                F.rms_norm(x, (8,), None, 1e-6))
@@ -216,25 +217,25 @@ def test_the_choice_is_measured_once_and_cached_with_the_build(tmp_path, monkeyp
     monkeypatch.setattr(op_selection, "BUDGET_S", 0.0)  # the fewest rounds: this is no benchmark
     ops = op_selection.load_or_measure()
     path = op_selection.choice_file()
-    assert path.parent == csrc_build.build().parent and set(ops) == set(op_selection.OPS)
+    assert path.parent == csrc_build.build().parent and set(ops) == set(op_choice.OPS)
     assert all(row["choice"] in ("c", "torch") and row["c_us"] > 0 for row in ops.values())
     # the file decides, not a new measurement: flip every choice and read them back
     flipped = {key: dict(row, choice="c" if row["choice"] == "torch" else "torch")
                for key, row in ops.items()}
     record = {"threads": torch.get_num_threads(), "load_average": 0.0, "ops": flipped}
     path.write_text(json.dumps(record))
-    assert custom_ops.choices() == {key: row["choice"] for key, row in flipped.items()}
-    x, w = torch.randn(1, 64), torch.randn(32, 64)
-    in_c = custom_ops.skinny_linear(x, w) is not None  # else Linear runs torch's matmul
-    assert in_c == (flipped["skinny_linear/few"]["choice"] == "c")
-    assert custom_ops.skinny_linear(torch.randn(8, 64), w) is None  # never C past 7 rows
+    assert op_selection.resolve() == {key: row["choice"] for key, row in flipped.items()}
+    op_selection.prepare(torch.float32)  # what a model load does: the table follows the file
+    assert op_choice.table() == op_selection.resolve()
+    assert op_choice.runs_in_c("skinny_linear", 1) == (flipped["skinny_linear/few"]["choice"] == "c")
+    assert not op_choice.runs_in_c("skinny_linear", 8)  # never C past 7 rows
     # timed on an oversubscribed machine that is quiet now: timed again
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     path.write_text(json.dumps(dict(record, load_average=4.0 * (os.cpu_count() or 1))))
     op_selection.load_or_measure()
     assert json.loads(path.read_text())["load_average"] == 0.5  # written by a new measurement
     path.write_text("{not json")  # a damaged file is measured again, not trusted
-    assert set(op_selection.load_or_measure()) == set(op_selection.OPS)
+    assert set(op_selection.load_or_measure()) == set(op_choice.OPS)
     assert json.loads(path.read_text())["threads"] == torch.get_num_threads()
 
 
@@ -249,13 +250,13 @@ def test_an_avx2_build_has_no_avx512_and_gives_the_same_results(tmp_path, monkey
     if shutil.which("objdump"):
         code = subprocess.run(["objdump", "-d", str(avx2)], capture_output=True, text=True).stdout
         assert "ymm" in code and "zmm" not in code
-    monkeypatch.setattr(custom_ops, "_choices", dict.fromkeys(op_selection.OPS, "c"))
+    monkeypatch.setattr(op_choice, "_table", dict.fromkeys(op_choice.OPS, "c"))
     assert csrc_build.load()._name == str(avx2)
     g = torch.Generator().manual_seed(0)
     for rows in (1, 3, 7):
         for n, k in ((960, 576), (10, 37)):
             x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-            torch.testing.assert_close(custom_ops.skinny_linear(x, w), x @ w.t(),
+            torch.testing.assert_close(custom_ops.skinny_linear_c(x, w), x @ w.t(),
                                        atol=1e-4, rtol=1e-4)
     monkeypatch.setenv(csrc_build.ARCH_ENV, "native -O0")
     with pytest.raises(csrc_build.KernelBuildError, match="not a -march name"):
@@ -293,3 +294,21 @@ def test_a_bfloat16_model_warns_once_where_bfloat16_is_emulated(tmp_path, arch):
         assert len(warned) == 1, warned
         assert "bfloat16 is emulated on this CPU" in warned[0]
         assert "slower than in float32" in warned[0]
+
+
+def test_an_op_call_starts_no_timing_and_timing_flips_no_global(monkeypatch):
+    """The choice is a table the model sets at load: calling an op before any load runs torch
+    and measures nothing, and measuring leaves the table as it was."""
+    code = ("import sys, torch\nfrom minivllm.model import custom_ops, op_choice\n"
+            "custom_ops.rms_norm(torch.randn(2, 8), None, 1e-6)\n"
+            "print('minivllm.model.op_selection' in sys.modules, set(op_choice.table().values()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(None, 1) == ["False", "{'torch'}\n"], out.stdout
+    monkeypatch.setattr(op_selection, "BUDGET_S", 0.0)
+    before = op_choice.set_table({key: "c" if i % 2 else "torch" for i, key in enumerate(op_choice.OPS)})
+    try:
+        mixed = op_choice.table()
+        op_selection.measure()
+        assert op_choice.table() == mixed
+    finally:
+        op_choice.set_table(before)

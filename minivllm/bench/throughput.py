@@ -35,7 +35,7 @@ from minivllm.bench.common import (bench_parser, median_time, print_table, quick
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
-from minivllm.model import cpu_features, csrc_build, custom_ops, op_selection
+from minivllm.model import cpu_features, csrc_build, op_choice, op_selection
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
@@ -197,16 +197,16 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
 def compare_ops(core: EngineCore, steps: int, rounds: int) -> dict[str, float]:
     """Batch-1 decode (the model alone) with the ops chosen for this CPU, all in C and all in
     torch, interleaved in every round; each ratio is the median of the rounds' ratios."""
-    chosen = custom_ops.choices()
+    chosen = op_choice.table()
     modes = {"chosen": dict(chosen), "c": "c", "torch": "torch"}
     tok_s: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
         for _ in range(rounds):
             for mode, choice in modes.items():
-                custom_ops.set_choices(choice)
+                op_choice.set_table(choice)
                 tok_s[mode].append(model_decode(core, 1, steps))
     finally:
-        custom_ops.set_choices(chosen)
+        op_choice.set_table(chosen)
     out = {f"b1_tok_s_{mode}_ops": statistics.median(v) for mode, v in tok_s.items()}
     for mode in ("chosen", "c"):
         out[f"b1_{mode}_ops_vs_torch_ops"] = statistics.median(
@@ -218,7 +218,7 @@ def describe_cpu() -> dict:
     """The flags the figures depend on, what the kernels use, and which ops run in C."""
     built = csrc_build.load() is not None
     return {"cpu_flags": cpu_features.cpu_flags(), "isa": cpu_features.isa(),
-            "c_ops": custom_ops.choices() if built else "not built"}
+            "c_ops": op_choice.table() if built else "not built"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 A step's tokens are flattened: first the decode sequences (one query token each), then the
 prefill chunks (many query tokens each, with earlier context possibly already cached). Decodes
 run in one call of the C op, which reads each sequence's blocks in place through its block
-table (custom_ops.py); where it cannot run (bfloat16, no compiler) they are gathered into a
+table (custom_ops.paged_decode_c); where it cannot run (bfloat16, no compiler) they are gathered into a
 dense copy for two matmuls and a softmax. Each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
 reorder_batch_to_split_decodes_and_prefills, vllm/v1/attention/backends/utils.py:939.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minivllm.model import custom_ops
+from minivllm.model import custom_ops, op_choice
 from minivllm.model.kv_layout import key_blocks, value_blocks
 
 
@@ -63,12 +63,14 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,
 
 def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
             scale: float) -> torch.Tensor:
-    out = custom_ops.paged_decode(q, kv_cache, meta.decode_block_tables, meta.decode_seq_lens,
-                                  scale)
-    return _decode_torch(q, kv_cache, meta, scale) if out is None else out
+    out = None
+    if op_choice.runs_in_c("paged_decode", q.shape[0]):
+        out = custom_ops.paged_decode_c(q, kv_cache, meta.decode_block_tables,
+                                        meta.decode_seq_lens, scale)
+    return decode_torch(q, kv_cache, meta, scale) if out is None else out
 
 
-def _decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+def decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                   scale: float) -> torch.Tensor:
     """The same in plain torch: gather every sequence's blocks, then matmul, softmax, matmul."""
     n, num_heads, head_dim = q.shape

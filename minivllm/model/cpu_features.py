@@ -15,6 +15,8 @@ import warnings
 import torch
 
 from minivllm.model import csrc_build
+from minivllm.model.linear import Linear
+from minivllm.model.paired_timing import paired_ratio
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx")  # "amx": amx_bf16 or amx_tile
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either makes bfloat16 native
@@ -61,9 +63,7 @@ def bf16_missing() -> str | None:
 @torch.inference_mode()
 def bf16_slowdown(rows: int = 1, budget_s: float = 0.2) -> float:
     """How many times longer one of SmolLM2's MLP matmuls (576 -> 3072) takes in bfloat16 than
-    in float32 through the model's own Linear, timed side by side (op_selection.paired_ratio)."""
-    from minivllm.model.linear import Linear
-    from minivllm.model.op_selection import paired_ratio
+    in float32 through the model's own Linear, timed side by side (paired_timing.py)."""
     w, x = torch.randn(3072, 576) / 24, torch.randn(rows, 576)
     parts = torch.get_num_threads()
     bf16, fp32 = Linear(w.bfloat16(), parts), Linear(w, parts)

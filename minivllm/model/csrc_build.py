@@ -2,8 +2,8 @@
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
-minivllm.model.csrc_build` does it ahead of time, and times each op against torch
-(op_selection.py). Without a compiler, or with MINIVLLM_CUSTOM_OPS=torch, `load()` returns
+minivllm.model.csrc_build` does it ahead of time (`python -m minivllm.model.op_selection`
+also times each op against torch). Without a compiler, or with MINIVLLM_CUSTOM_OPS=torch, `load()` returns
 None and the model runs the torch versions. MINIVLLM_CPU_ARCH=x86-64-v3 builds for an AVX2 CPU
 without AVX-512 (minivllm then also holds torch's kernels to AVX2: see minivllm/__init__.py).
 
@@ -117,13 +117,8 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-if __name__ == "__main__":  # build, time each op against torch again, print the choice
+if __name__ == "__main__":  # build only; `python -m minivllm.model.op_selection` also times them
     try:
         print(build())
     except KernelBuildError as exc:
         sys.exit(f"could not build the CPU ops: {exc}")
-    from minivllm.bench.common import print_table
-    from minivllm.model import op_selection
-    print_table(op_selection.table(op_selection.load_or_measure(remeasure=True)),
-                ["op", "rows", "runs", "c_us", "torch_us", "c_speedup"])
-    print(f"cached in {op_selection.choice_file()}")

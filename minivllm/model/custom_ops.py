@@ -2,11 +2,15 @@
 float32 and it measured faster than torch on this CPU (op_selection.py), else the torch version,
 which is also the reference the tests compare against.
 
-Most are custom ops in vLLM too (vllm/_custom_ops.py). On the 2-core machine this was written
-on, they took a batch-32 decode step of SmolLM2 from about 40 to 33 ms: decode attention in
-torch must first gather every sequence's blocks into a copy (about 4 ms a step), and each of
-the other torch versions is several ops, where at 32 rows each op costs more in dispatch and in
-passes over memory than in arithmetic.
+Each op has two explicit entry points, `<op>_c` (None where the C op cannot run the call: not
+built, not float32, a shape past its limits) and `<op>_torch`, and a dispatcher `<op>` that
+follows op_choice.py's table. Decode attention's and skinny_linear's torch versions live with
+their callers (attention.decode_torch, linear.matmul).
+
+Most are custom ops in vLLM too (vllm/_custom_ops.py). Why they pay: decode attention in torch
+must first gather every sequence's blocks into a copy, and each of the other torch versions is
+several ops, where at 32 rows each op costs more in dispatch and in passes over memory than in
+arithmetic (`minivllm bench throughput` measures the difference on this CPU).
 """
 
 from __future__ import annotations
@@ -14,48 +18,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model import cpu_features, csrc_build, op_selection
+from minivllm.model import csrc_build, op_choice
 from minivllm.model.kv_layout import key_blocks, value_blocks, write_kv
 
-_choices: dict[str, str] | None = None  # op key ("paged_decode/many") -> "c" or "torch"
 
-
-def choices() -> dict[str, str]:
-    """Which ops run in C, resolved on first use (op_selection.resolve: measured or cached)."""
-    global _choices
-    if _choices is None:
-        _choices = op_selection.resolve()
-    return _choices
-
-
-def set_choices(new: dict[str, str] | str | None) -> dict[str, str] | None:
-    """Run the ops as `new` says from now on ("c" or "torch" for all of them, None: resolve
-    again on next use); returns what it replaces, to restore. The bench interleaves all-C,
-    all-torch and the measured choice in one run this way."""
-    global _choices
-    previous = _choices
-    _choices = dict.fromkeys(op_selection.OPS, new) if isinstance(new, str) else new
-    return previous
-
-
-def prepare(dtype: torch.dtype) -> None:
-    """At model load, not in the first step: in float32, build the C ops and choose which run
-    here (timed once per CPU, then cached); in bfloat16 on a CPU without it, warn (once)."""
-    if dtype == torch.float32:
-        choices()
-    else:
-        cpu_features.warn_if_bf16_emulated(dtype)
-
-
-def _ops(name: str, rows: int, *tensors: torch.Tensor | None):
-    """The C library when op `name` runs in C at this many rows and every tensor given is
-    float32, else None."""
-    for t in tensors:
-        if t is not None and t.dtype != torch.float32:
-            return None
-    if choices().get(f"{name}/{op_selection.rows_class(rows)}") != "c":
+def _lib(*tensors: torch.Tensor | None):
+    """The C library where it is built and every tensor given is float32, else None."""
+    if any(t is not None and t.dtype != torch.float32 for t in tensors):
         return None
     return csrc_build.load()
+
+
+def _dispatch(name: str, rows: int, c_fn, torch_fn, *args, **kwargs):
+    """c_fn where op_choice says `name` runs in C at this many rows and c_fn can run it (it
+    returns None where it cannot), else torch_fn."""
+    if op_choice.runs_in_c(name, rows):
+        out = c_fn(*args, **kwargs)
+        if out is not None:
+            return out
+    return torch_fn(*args, **kwargs)
 
 
 def _check(rc: int, name: str) -> None:
@@ -66,11 +47,21 @@ def _check(rc: int, name: str) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
              delta: torch.Tensor | None = None) -> torch.Tensor:
     """x += delta in place (when given), then RMSNorm(x) (scaled by weight when given)."""
-    ops = _ops("add_rms_norm", x.shape[0], x, weight, delta)
+    return _dispatch("add_rms_norm", x.shape[0], rms_norm_c, rms_norm_torch, x, weight, eps, delta)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                   delta: torch.Tensor | None = None) -> torch.Tensor:
+    if delta is not None:
+        x += delta
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rms_norm_c(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+               delta: torch.Tensor | None = None) -> torch.Tensor | None:
+    ops = _lib(x, weight, delta)
     if ops is None or not x.is_contiguous():
-        if delta is not None:
-            x += delta
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return None
     delta = None if delta is None else delta.contiguous()
     out = torch.empty_like(x)
     _check(ops.add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
@@ -81,10 +72,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """(n, 2I) -> silu(gate) * up, (n, I)."""
-    n, two_i = gate_up.shape
-    ops = _ops("silu_and_mul", n, gate_up)
+    return _dispatch("silu_and_mul", gate_up.shape[0], silu_and_mul_c, silu_and_mul_torch, gate_up)
+
+
+def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    half = gate_up.shape[1] // 2
+    return F.silu(gate_up[:, :half]).mul_(gate_up[:, half:])
+
+
+def silu_and_mul_c(gate_up: torch.Tensor) -> torch.Tensor | None:
+    ops = _lib(gate_up)
     if ops is None:
-        return F.silu(gate_up[:, :two_i // 2]).mul_(gate_up[:, two_i // 2:])
+        return None
+    n, two_i = gate_up.shape
     gate_up = gate_up.contiguous()
     out = torch.empty(n, two_i // 2)
     _check(ops.silu_and_mul(gate_up.data_ptr(), out.data_ptr(), n, two_i // 2), "silu_and_mul")
@@ -96,29 +96,44 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
                    kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """RoPE on the q and k heads of qkv (n, (H + 2 KVH) D), in place, with the rotate_half
     tables (cos, sin by position; sin carries the sign), then k and v into the cache."""
-    ops = _ops("rope_and_cache", qkv.shape[0], qkv, cos, kv_cache)
-    if ops is not None and qkv.stride(1) == 1:
-        keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
-        positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
-        rc = ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
-                                cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads,
-                                head_dim, keys.data_ptr(), values.data_ptr(), keys.shape[1],
-                                keys.shape[3], slots.data_ptr())
-        if rc == 0:
-            return  # -1: a head size the C op does not take; torch does it
+    _dispatch("rope_and_cache", qkv.shape[0], rope_and_cache_c, rope_and_cache_torch, qkv,
+              positions, cos, sin, num_heads, num_kv_heads, head_dim, kv_cache, slot_mapping)
+
+
+def rope_and_cache_torch(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
     n = qkv.shape[0]
     qk = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(n, -1, head_dim)
     c, s = cos[positions][:, None, :], sin[positions][:, None, :]
     torch.addcmul(qk * c, qk.roll(head_dim // 2, -1), s, out=qk)
     kv = qkv[:, num_heads * head_dim:].view(n, 2, num_kv_heads, head_dim)
     write_kv(kv[:, 0], kv[:, 1], kv_cache, slot_mapping)
+    return True
 
 
-def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
+def rope_and_cache_c(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                     kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool | None:
+    """True once done; None where the C op cannot run it (then nothing was written)."""
+    ops = _lib(qkv, cos, kv_cache)
+    if ops is None or qkv.stride(1) != 1:
+        return None
+    keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
+    positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
+    rc = ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
+                            cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads,
+                            head_dim, keys.data_ptr(), values.data_ptr(), keys.shape[1],
+                            keys.shape[3], slots.data_ptr())
+    return True if rc == 0 else None  # -1: a head size the C op does not take
+
+
+def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                   seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Decode attention, q (n, H, D) -> (n, H * D), in C; None where the C op cannot run it
-    (not built, not float32, a shape past its limits): attention.py then runs torch."""
-    ops = _ops("paged_decode", q.shape[0], q, kv_cache)
+    (not built, not float32, a shape past its limits). Its torch version is
+    attention.decode_torch; attention.py dispatches."""
+    ops = _lib(q, kv_cache)
     if ops is None:
         return None
     n, heads, head_dim = q.shape
@@ -140,19 +155,29 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """(B, V) -> (B,) int64: the greedy tokens."""
-    ops = _ops("argmax_rows", logits.shape[0] if logits.dim() else 0, logits)
+    rows = logits.shape[0] if logits.dim() else 0
+    return _dispatch("argmax_rows", rows, argmax_c, argmax_torch, logits)
+
+
+def argmax_torch(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+def argmax_c(logits: torch.Tensor) -> torch.Tensor | None:
+    ops = _lib(logits)
     if ops is None or not logits.is_contiguous() or logits.dim() != 2 or logits.shape[1] == 0:
-        return logits.argmax(dim=-1)
+        return None
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     _check(ops.argmax_rows(logits.data_ptr(), out.data_ptr(), *logits.shape), "argmax_rows")
     return out
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+def skinny_linear_c(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """x (M, K) @ w^T for w (N, K) and 1 <= M <= 7 rows -> (M, N), or None where the C op does
-    not run it (not built, not float32, more rows, odd N): llama.Linear then uses its bmm."""
-    ops = _ops("skinny_linear", x.shape[0], x, w)
-    if ops is None or not w.is_contiguous():
+    not run it (not built, not float32, more rows, odd N). Its torch version is linear.matmul;
+    linear.Linear dispatches."""
+    ops = _lib(x, w)
+    if ops is None or not w.is_contiguous() or not 1 <= x.shape[0] < op_choice.MANY_ROWS:
         return None
     x = x.contiguous()
     out = torch.empty(x.shape[0], w.shape[0])

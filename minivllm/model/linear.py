@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.model import custom_ops
+from minivllm.model import custom_ops, op_choice
 
 SKINNY_BELOW = 8  # rows: below, W @ x^T is faster (batch 1: 1.2x); from 8 up, x @ W^T (batch 32: 1.1x)
 ONEDNN_BATCH_HINT = 32  # rows the blocked layout is tuned for; any row count works with it
@@ -82,7 +82,9 @@ class Linear:
         # oneDNN at 44 (with avx512_bf16)
         if self.packed is not None and (x.shape[0] >= SKINNY_BELOW or x.dtype != torch.float32):
             return onednn_linear(x, self.packed)
-        y = custom_ops.skinny_linear(x, self.weight)
+        y = None
+        if op_choice.runs_in_c("skinny_linear", x.shape[0]):
+            y = custom_ops.skinny_linear_c(x, self.weight)
         return matmul(x, self.split) if y is None else y
 
 

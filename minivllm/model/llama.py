@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
-from minivllm.model import custom_ops
+from minivllm.model import custom_ops, op_selection
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
@@ -93,7 +93,7 @@ class LlamaModel:
         self.embed_tokens = (self.lm_head if c.tie_word_embeddings else VocabParallelEmbedding(
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
-        custom_ops.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
+        op_selection.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
