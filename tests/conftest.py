@@ -12,6 +12,7 @@ import tempfile
 import warnings
 
 import pytest
+from tiny_model import make_tiny_model_dir
 
 from minivllm.utils.leaks import Snapshot, become_subreaper, reap_orphans
 from minivllm.utils.resource_names import PREFIX_ENV, name_default_segments
@@ -29,6 +30,13 @@ _test_ids = itertools.count()
 def _basetemp(tmp_path_factory):
     """Fix pytest's tmp_path root in the real temp dir, before any test's private TMPDIR."""
     tmp_path_factory.getbasetemp()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> str:
+    """A tiny random-weight Llama (tiny_model.py) for tests that need speed, not text: built
+    once per run and only read."""
+    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ import time
 import weakref
 
 import pytest
-from tiny_model import make_tiny_model_dir
 
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.config import EngineConfig
@@ -17,11 +16,6 @@ from minivllm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 LONG = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 def run(tiny_dir, scenario, **engine_args):

@@ -35,11 +35,6 @@ DEATH_DEADLINE_S = 5.0  # the issue's bound: a blocked caller learns of a death 
 EXIT_WAIT_S = 60.0  # a clean exit is checked by its exit code, not its speed (linger, teardown)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
-
-
 def request(rid, n=10, first=3, **params):
     params = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 16, **params}
     return EngineCoreRequest(rid, np.arange(first, first + n, dtype=np.int32),

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import psutil
 import pytest
-from tiny_model import make_tiny_model_dir
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
@@ -21,11 +20,6 @@ from minivllm.utils.mp import ChildLink, launch
 
 DEATH_REPORTED_S = 5.0  # the issue's bound: a worker's death reaches the caller within this
 ORPHAN_EXIT_S = 15.0  # death pipe EOF + the workers' grace + their interpreter teardown
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture

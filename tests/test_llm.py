@@ -9,7 +9,7 @@ work runs. Comparisons follow the near-tie rule (tiny_model.assert_greedy_match)
 import os
 
 import pytest
-from tiny_model import assert_greedy_match, make_tiny_model_dir
+from tiny_model import assert_greedy_match
 
 from minivllm import LLM
 from minivllm.entrypoints.llm import MULTIPROCESSING_ENV
@@ -17,11 +17,6 @@ from minivllm.sampling_params import SamplingParams
 
 NEAR_TIE = 1e-3  # float32 batch-order noise is ~1e-5 on these logits; a real bug is >> 0.1
 MAX_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(scope="module")

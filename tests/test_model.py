@@ -4,18 +4,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_model import make_tiny_model_dir
 
 from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.linear import SKINNY_BELOW, matmul, split_rows
 from minivllm.model.llama import LlamaModel, fold_norm
 from minivllm.model.loader import load_config, load_weights, unpermute_rope_rows
 from minivllm.model.sampler import sample
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(scope="module")

@@ -23,15 +23,9 @@ import pytest
 
 from minivllm.entrypoints.openai.server_process import ServerProcess
 from minivllm.utils.leaks import Snapshot
-from tiny_model import make_tiny_model_dir
 
 API_KEY = "test-key"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,8 @@ import pytest
 
 from minivllm.entrypoints.openai.server_process import ServerProcess, http_status
 from minivllm.utils.process_count import serve_process_count
-from tiny_model import make_tiny_model_dir
 
 EXIT_DEADLINE_S = 10.0  # the bound: the server is gone this long after the engine dies
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 def descendants(pid: int, marker: str) -> list[psutil.Process]:

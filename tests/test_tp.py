@@ -10,7 +10,7 @@ same tokens, every logit must agree within LOGIT_ATOL at every position.
 import numpy as np
 import pytest
 import torch
-from tiny_model import assert_greedy_match, make_tiny_model_dir
+from tiny_model import assert_greedy_match
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
@@ -22,11 +22,6 @@ from minivllm.sampling_params import SamplingParams
 LOGIT_ATOL = 1e-3
 NEAR_TIE = 1e-3
 NUM_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(scope="module")
