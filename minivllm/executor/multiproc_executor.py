@@ -254,7 +254,7 @@ class MultiprocExecutor(Executor):
         def on_lost(rank: int, endpoint: str) -> None:
             executor = self_ref()
             if executor is not None and not executor.shutting_down:
-                executor._on_worker_death(executor.workers[rank], f"its connection {endpoint} "
+                executor._on_worker_death(executor.workers[rank], f"is lost: {endpoint} "
                                           "closed or fell silent (process or link gone)")
 
         self.remote_watch = PeerWatch(remote, on_lost, name="RemoteWorkerWatch")
