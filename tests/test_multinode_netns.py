@@ -48,6 +48,11 @@ def cluster():
         yield c
 
 
+def engine_flags(c: NetnsCluster) -> list[str]:
+    return ["-tp", "3", "--nnodes", "3", "--master-addr", c.addresses[0], "--master-port",
+            str(PORT), "--num-threads", "1"]
+
+
 def engine_args(c: NetnsCluster, model: str | None) -> dict:
     return dict(model=model, tensor_parallel_size=3, nnodes=3, master_addr=c.addresses[0],
                 master_port=PORT, num_threads=1)
@@ -55,8 +60,7 @@ def engine_args(c: NetnsCluster, model: str | None) -> dict:
 
 def start_headless(c: NetnsCluster, model: str | None) -> list[subprocess.Popen]:
     args = [sys.executable, "-m", "minivllm.cli", "serve", *([model] if model else []),
-            "--headless", "-tp", "3", "--nnodes", "3", "--master-addr", c.addresses[0],
-            "--master-port", str(PORT), "--num-threads", "1"]
+            "--headless", *engine_flags(c)]
     return [c.popen(i, args + ["--node-rank", str(i)], stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
 
@@ -148,3 +152,25 @@ def test_a_remote_hosts_link_going_down_fails_generate_within_the_heartbeat(clus
     out, delay = run_until_fault(cluster, tiny_dir, lambda nodes: cluster.link_down(2))
     print(f"remote link down -> EngineDeadError in {delay:.2f} s")
     assert "(on node 2) is lost" in out and "closed or fell silent" in out
+
+
+def test_kill_9_of_a_remote_worker_makes_the_api_answer_503(cluster, tiny_dir):
+    """`minivllm serve` on host 0 with its ranks on three hosts; an HTTP client on host 1."""
+    url = f"http://{cluster.addresses[0]}:8000"
+    nodes = start_headless(cluster, tiny_dir)
+    server = cluster.popen(0, [sys.executable, "-m", "minivllm.cli", "serve", tiny_dir,
+                               "--host", cluster.addresses[0], "--port", "8000",
+                               *engine_flags(cluster)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = cluster.popen(1, [sys.executable, DRIVER, "probe", json.dumps({"url": url})],
+                           stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline().strip() == "streaming"
+    remote_worker(nodes[1]).send_signal(signal.SIGKILL)
+    killed = time.time()
+    report = last_json(client.communicate(timeout=DEAD_WITHIN_S)[0])
+    out, *_ = finish(cluster, [server] + nodes)
+    print(f"remote kill -9 -> /health {report['statuses']} in "
+          f"{(report['at'] - killed) * 1000:.0f} ms")
+    assert "503" in report["statuses"], (report, out[-3000:])
+    assert '"error"' in report["last_events"][0] and report["last_events"][-1] == "[DONE]"
+    assert server.returncode != 0 and "worker 2 (on node 2) is lost" in out
