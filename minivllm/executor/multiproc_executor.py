@@ -19,6 +19,10 @@ vllm/v1/executor/multiproc_executor.py:125).
 - shutdown() escalates for all workers at once (:559-643): ask (b"stop" on the death pipes),
   wait, SIGTERM, wait, SIGKILL; then it unlinks by name the reply rings and ipc files of
   workers that were killed before they could.
+- Across nodes (nnodes > 1, :162-184): this node's ranks read the ring from shm, the other
+  nodes' ranks read it over tcp (remote readers) and reply over tcp; their workers are started
+  by `minivllm serve --headless` there (executor/multinode.py), so the executor has no
+  sentinel for them: a PeerWatch on their reply connections reports their death.
 """
 
 from __future__ import annotations
