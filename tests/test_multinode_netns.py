@@ -8,7 +8,10 @@ connection of the dead rank (distributed/peer_watch.py). A killed process's kern
 connections at once (FIN): milliseconds. A cut link sends nothing: the ZMTP heartbeat drops
 the connection after shm_broadcast.HEARTBEAT_TIMEOUT_MS (3 s) of silence, plus up to one
 HEARTBEAT_IVL_MS (1 s). Each fault test prints the delay it measured, and bounds it by
-DEAD_WITHIN_S only to tell a slow detection from a hang.
+DEAD_WITHIN_S only to tell a slow detection from a hang. To stay within the suite's time, the
+kill -9 is checked through the API (503) and the cut link through LLM.generate: the executor
+reports both the same way, and both front ends hear a dead engine core the same way
+(tests/test_server_faults.py, tests/test_executor.py on one host).
 """
 
 from __future__ import annotations
@@ -138,14 +141,6 @@ def run_until_fault(c: NetnsCluster, model: str, fault) -> tuple[str, float]:
         node.communicate(timeout=RUN_TIMEOUT_S)
     finish(c, [])
     return out, report["dead_at"] - faulted
-
-
-def test_kill_9_of_a_remote_worker_fails_generate_fast(cluster, tiny_dir):
-    out, delay = run_until_fault(cluster, tiny_dir,
-                                 lambda nodes: remote_worker(nodes[1]).send_signal(
-                                     signal.SIGKILL))
-    print(f"remote kill -9 -> EngineDeadError in {delay * 1000:.0f} ms")
-    assert "worker 2 (on node 2) is lost" in out  # heard by the remote watch
 
 
 def test_a_remote_hosts_link_going_down_fails_generate_within_the_heartbeat(cluster, tiny_dir):

@@ -38,7 +38,7 @@ SUBNET = "10.77.0"  # /24, private (RFC 1918); host i is SUBNET.(i+1)
 BASE_DIR = "/run/minivllm-netns"  # per-host TMPDIR mount points (tmpfs inside each host)
 SHM_SIZE = "256m"  # a host's /dev/shm: the rings and the KV cache of one test's workers
 KILL_GRACE_S = 3.0  # SIGTERM, then this long, then SIGKILL for processes left on a host
-READY_TIMEOUT_S = 10.0
+EXIT_TIMEOUT_S = 10.0  # an init sh exits as soon as its stdin closes
 _counter = itertools.count()
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-")
 
@@ -183,7 +183,7 @@ class NetnsCluster:
             ["nsenter", f"--net=/run/netns/{host}", "unshare", "--ipc", "--mount",
              "--propagation", "private", "sh", "-c", script],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = init.stdout.readline()  # READY_TIMEOUT_S: mount returns at once or fails
+        line = init.stdout.readline()  # mount returns at once or fails: EOF, no hang
         if line.strip() != "ready":
             init.kill()
             init.wait()
@@ -240,7 +240,7 @@ class NetnsCluster:
             if init.poll() is None:
                 init.stdin.close()
                 try:
-                    init.wait(READY_TIMEOUT_S)
+                    init.wait(EXIT_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
                     init.kill()
                     init.wait()
