@@ -14,6 +14,10 @@ vllm/v1/utils.py:167; vLLM's NoSignalServer, vllm/entrypoints/launchers/launcher
 adds a least-loaded accept that minivllm leaves out). Each API server is one client of every
 engine core, with its own client_index.
 
+Across nodes (-tp N --nnodes K, vLLM's flags): node 0 runs as above; every other node runs
+`minivllm serve --headless --node-rank R ...`, which starts only its share of the TP workers
+(executor/multinode.py) and exits when the leader goes away or on SIGTERM.
+
 --host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
 """
 
