@@ -4,9 +4,12 @@ splits in 1 or 3). The bytes take the multi-node
 path (ranks 1 and 2 read the ring as a remote reader over tcp, replies over tcp, the group meets at
 master_addr:master_port), on one machine. tests/test_multinode_netns.py does it across hosts."""
 
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 from tiny_model import make_tiny_model_dir
 
@@ -75,3 +78,19 @@ def test_serve_refuses_a_non_leader_without_headless(tiny_dir):
                         "--nnodes", "3", "--node-rank", "1"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and "add --headless" in r.stderr
+
+
+def test_a_headless_node_still_waiting_for_its_leader_exits_clean_on_sigterm(tiny_dir):
+    node = headless(tiny_dir, get_open_port(), node_rank=1)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+                "Worker" in " ".join(c.cmdline()) for c in psutil.Process(node.pid).children()):
+            time.sleep(0.1)  # a worker process runs: it now waits in the group's rendezvous
+        node.send_signal(signal.SIGTERM)
+        out, _ = node.communicate(timeout=60)
+        assert node.returncode == 0, out
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.communicate()

@@ -9,7 +9,8 @@ that monitors its workers inline). How the ranks find each other: worker/multino
 
 A headless node ends when its workers end: the leader's shutdown (or death, or a cut link)
 closes the ring's tcp connection and the workers leave (exit 0); SIGTERM or SIGINT stops them
-(exit 0); a worker that dies on its own stops the rest (exit 1).
+(exit 0), also while they still wait for the leader; a worker that dies on its own stops the
+rest (exit 1).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import multiprocessing.connection
 import os
 import signal
 
+import psutil
+
 from minivllm.distributed.parallel_state import get_open_port
 from minivllm.distributed.shm_broadcast import Handle
 from minivllm.engine.config import EngineConfig
 from minivllm.executor.proc_group import launch_all, stop_all, worker_mp_context
-from minivllm.utils.mp import ProcHandle, launch
+from minivllm.utils.mp import ChildStartError, ProcHandle, launch
 from minivllm.worker.worker_proc import READY_TIMEOUT_S, worker_main
 
 logger = logging.getLogger(__name__)
@@ -61,11 +64,28 @@ def run_headless(config: EngineConfig) -> int:
                          f"give nnodes >= 2 and node_rank >= 1 (got nnodes={config.nnodes}, "
                          f"node_rank={config.node_rank})")
     stop_r, stop_w = os.pipe()
-    old = {sig: signal.signal(sig, lambda *_: os.write(stop_w, b"x"))
-           for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = False
+
+    def on_signal(*_: object) -> None:
+        os.write(stop_w, b"x")
+        if not started:  # the workers wait for the leader inside gloo's C++ rendezvous,
+            for child in psutil.Process().children():  # deaf to SIGTERM: kill; launch fails
+                try:
+                    if "Worker_TP" in " ".join(child.cmdline()):  # they hold no shm yet
+                        child.kill()
+                except psutil.Error:
+                    pass  # it exited meanwhile
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     procs: list[ProcHandle] = []
     try:
-        procs = start_node_workers(config, None)
+        try:
+            procs = start_node_workers(config, None)
+        except ChildStartError:
+            if _stop_requested(stop_r):
+                return 0  # stopped while waiting for the leader
+            raise
+        started = True
         logger.info("headless node %d: ranks %s joined the group at %s:%d", config.node_rank,
                     [p.name for p in procs], config.master_addr, config.master_port)
         print(f"minivllm serve --headless: node {config.node_rank} of {config.nnodes} runs "
@@ -77,6 +97,10 @@ def run_headless(config: EngineConfig) -> int:
         stop_all(procs)
         os.close(stop_r)
         os.close(stop_w)
+
+
+def _stop_requested(stop_r: int) -> bool:
+    return bool(multiprocessing.connection.wait([stop_r], 0))
 
 
 def _wait(procs: list[ProcHandle], stop_r: int) -> int:
