@@ -14,6 +14,7 @@ shared-memory kernel first and uses gloo only as the fallback
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -68,10 +69,33 @@ def get_open_port() -> int:
         return s.getsockname()[1]
 
 
+def local_ip_toward(address: str) -> str:
+    """This host's IPv4 address on the route to `address` (no packet is sent: a UDP connect
+    only asks the kernel's routing table). What the other nodes can reach this one at."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((address, 9))
+        return s.getsockname()[0]
+
+
+def interface_of(ip: str) -> str:
+    """The network interface that holds `ip`: where gloo must listen for the other nodes."""
+    import psutil
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    raise RuntimeError(f"no network interface holds {ip}: is the address right?")
+
+
 def init_distributed_environment(rank: int, world_size: int, init_method: str,
-                                 backend: str | None = None) -> TPGroup:
-    """Join the group of world_size ranks (rank 0 hosts the rendezvous at init_method)."""
+                                 backend: str | None = None, local_ip: str | None = None
+                                 ) -> TPGroup:
+    """Join the group of world_size ranks (rank 0 hosts the rendezvous at init_method).
+    Across nodes, local_ip is this node's address toward the master: gloo listens on its
+    interface (otherwise gloo takes the hostname's address, often 127.0.0.1, which the other
+    nodes cannot reach)."""
     global _TP
+    if local_ip is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local_ip))
     if world_size > 1:
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, init_method=init_method, rank=rank,

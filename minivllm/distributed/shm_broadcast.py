@@ -38,6 +38,13 @@ WRITER_MAX_SLEEP_S = 0.001
 # close() waits at most this long for overflow frames still queued to live readers.
 CLOSE_LINGER_MS = 1000
 READY = b"READY"
+# A tcp reader (a reader on another node, or the executor reading a remote worker's replies)
+# asks its writer for a ZMTP PING every HEARTBEAT_IVL_MS and drops the connection after
+# HEARTBEAT_TIMEOUT_MS of silence, so a vanished host (no FIN ever comes) shows up as a
+# disconnect (distributed/peer_watch.py). libzmq's I/O thread answers, not Python: a busy
+# peer still answers within a millisecond, so 3 s of silence means the link or host is gone.
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 3000
 # Bound once: enqueue runs once per message (a global and an attribute lookup saved).
 _pack_into = message_chunk.pack_into
 _OVERFLOWED = message_chunk.OVERFLOWED
@@ -136,6 +143,10 @@ class MessageQueue:
         sock = self.context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if address.startswith("tcp://"):
+            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
         sock.connect(address)
         return sock
 

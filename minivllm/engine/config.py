@@ -48,6 +48,15 @@ class EngineConfig:
     data_parallel_size: int = 1  # engine core processes, each with the whole model
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
     distributed_executor_backend: str | None = None  # "uni" | "mp"; None: "mp" when TP > 1
+    # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py:318-327):
+    # the TP ranks are split evenly over nnodes nodes; node 0 (the leader) runs the engine
+    # core, the others run `minivllm serve --headless`. master_addr:master_port is where the
+    # process group meets (on the leader); master_addr must be the leader's address as every
+    # node sees it, and the leader's broadcast ring serves remote readers there.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501  # vLLM's default
     model_config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +83,7 @@ class EngineConfig:
 
     def _check_parallel(self) -> None:
         check_tensor_parallel_size(self.model_config, self.tensor_parallel_size)
+        self._check_nodes()
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "mp" if self.tensor_parallel_size > 1 else "uni"
         if self.distributed_executor_backend not in ("uni", "mp"):
@@ -82,6 +92,26 @@ class EngineConfig:
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError("the 'uni' executor runs one worker in the engine core's process: "
                              "use distributed_executor_backend='mp' for tensor_parallel_size > 1")
+
+    def _check_nodes(self) -> None:
+        tp, n = self.tensor_parallel_size, self.nnodes
+        if n < 1 or not 0 <= self.node_rank < n:
+            raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got nnodes={n}, "
+                             f"node_rank={self.node_rank}")
+        if tp % n:
+            works = [d for d in range(1, tp + 1) if tp % d == 0]
+            raise ValueError(f"tensor_parallel_size {tp} cannot be split evenly over nnodes={n}: "
+                             f"use nnodes in {works}, or a tensor_parallel_size divisible by {n}")
+        if n > 1 and self.distributed_executor_backend not in (None, "mp"):
+            raise ValueError("nnodes > 1 needs distributed_executor_backend='mp' (got "
+                             f"{self.distributed_executor_backend!r})")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}")
+
+    @property
+    def local_world_size(self) -> int:
+        """The TP ranks on each node (vLLM: ParallelConfig.local_world_size)."""
+        return self.tensor_parallel_size // self.nnodes
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

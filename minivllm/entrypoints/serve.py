@@ -14,6 +14,10 @@ vllm/v1/utils.py:167; vLLM's NoSignalServer, vllm/entrypoints/launchers/launcher
 adds a least-loaded accept that minivllm leaves out). Each API server is one client of every
 engine core, with its own client_index.
 
+Across nodes (-tp N --nnodes K, vLLM's flags): node 0 runs as above; every other node runs
+`minivllm serve --headless --node-rank R ...`, which starts only its share of the TP workers
+(executor/multinode.py) and exits when the leader goes away or on SIGTERM.
+
 --host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
 """
 
@@ -61,7 +65,25 @@ def make_parser() -> argparse.ArgumentParser:
                    help="names clients use for the model (default: MODEL as given)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write a Chrome/Perfetto trace of every process to FILE at exit")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch threads per worker (default: this node's cores / its ranks)")
+    add_node_flags(p)
     return p
+
+
+def add_node_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's multi-node flags (vllm/config/parallel.py:318-327, mp backend)."""
+    g = p.add_argument_group("multi-node tensor parallelism (the TP ranks split over nodes)")
+    g.add_argument("--nnodes", type=int, default=1, help="nodes the TP ranks are split over")
+    g.add_argument("--node-rank", type=int, default=0,
+                   help="this node's rank: 0 is the leader (engine core and API server)")
+    g.add_argument("--master-addr", default="127.0.0.1",
+                   help="the leader's address, as every node reaches it")
+    g.add_argument("--master-port", type=int, default=29501,
+                   help="the process group's rendezvous port on the leader")
+    g.add_argument("--headless", action="store_true",
+                   help="run this node's workers only, no API server (nodes 1..nnodes-1); "
+                        "exits when the leader goes away, or on SIGTERM")
 
 
 def engine_config(args: argparse.Namespace) -> Any:
@@ -71,6 +93,11 @@ def engine_config(args: argparse.Namespace) -> Any:
     kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype}
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),
+                        ("num_threads", args.num_threads),
+                        ("nnodes", args.nnodes if args.nnodes != 1 else None),
+                        ("node_rank", args.node_rank or None),
+                        ("master_addr", args.master_addr),
+                        ("master_port", args.master_port),
                         ("tensor_parallel_size", args.tensor_parallel_size),
                         ("data_parallel_size", args.data_parallel_size)):
         if value is None or (value == 1 and name.endswith("parallel_size")):
@@ -217,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     if count < 1:
         raise SystemExit("minivllm serve: --api-server-count must be at least 1")
     try:
-        engine_config(args)  # a bad path or flag: one line, before anything starts
+        config = engine_config(args)  # a bad path or flag: one line, before anything starts
+        if args.headless:
+            from minivllm.executor.multinode import run_headless
+            return run_headless(config)
+        if config.node_rank != 0:
+            raise ValueError(f"--node-rank {config.node_rank} is not the leader: add --headless "
+                             "(the API server runs on node 0 only)")
     except (OSError, ValueError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
     # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like

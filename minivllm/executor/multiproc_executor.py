@@ -19,6 +19,10 @@ vllm/v1/executor/multiproc_executor.py:125).
 - shutdown() escalates for all workers at once (:559-643): ask (b"stop" on the death pipes),
   wait, SIGTERM, wait, SIGKILL; then it unlinks by name the reply rings and ipc files of
   workers that were killed before they could.
+- Across nodes (nnodes > 1, :162-184): this node's ranks read the ring from shm, the other
+  nodes' ranks read it over tcp (remote readers) and reply over tcp; their workers are started
+  by `minivllm serve --headless` there (executor/multinode.py), so the executor has no
+  sentinel for them: a PeerWatch on their reply connections reports their death.
 """
 
 from __future__ import annotations
@@ -35,17 +39,18 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.distributed.parallel_state import get_open_port
+from minivllm.distributed.peer_watch import PeerWatch
 from minivllm.distributed.shm_broadcast import Handle, MessageQueue, QueueShutdown
 from minivllm.distributed.spin_condition import BUSY_LOOP_S
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.executor.abstract import Executor, FailureCallback
 from minivllm.executor.messages import ExecuteModel, RPCCall, RPCError, RPCResponse
 from minivllm.serial import MsgpackDecoder
-from minivllm.executor.proc_group import launch_all, stop_all, worker_mp_context
+from minivllm.executor.multinode import start_node_workers
+from minivllm.executor.proc_group import stop_all
 from minivllm.utils import tracing
-from minivllm.utils.mp import ProcHandle, launch
-from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files, worker_main
+from minivllm.utils.mp import ProcHandle
+from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ class WorkerDiedError(RuntimeError):
 @dataclass
 class WorkerProcHandle:
     rank: int
-    proc: ProcHandle
+    proc: ProcHandle | None  # None: the worker runs on another node (no sentinel, no pipes)
     response_handle: Handle
     response_mq: MessageQueue
 
@@ -86,7 +91,12 @@ class StepBreakdown:
 
 class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
+        if self.config.node_rank != 0:
+            raise ValueError("the executor runs on the leader (node_rank 0); the other nodes "
+                             "run their workers with `minivllm serve --headless`")
         self.world_size = self.config.tensor_parallel_size
+        self.local_world_size = self.config.local_world_size
+        self.remote_watch: PeerWatch | None = None
         self.output_rank = 0  # the rank whose reply execute_model waits for (vLLM :649)
         self.workers: list[WorkerProcHandle] = []
         self.failure_callback: FailureCallback | None = None
@@ -96,9 +106,13 @@ class MultiprocExecutor(Executor):
         self._call_ids = itertools.count()
         self._stop_lock = threading.Lock()
         self._stopped = False
-        oversubscribed = self.world_size >= len(os.sched_getaffinity(0))
+        self._fail_lock = threading.Lock()
+        oversubscribed = self.local_world_size >= len(os.sched_getaffinity(0))
+        # the ring: shm for this node's ranks, tcp at master_addr for the other nodes' (vLLM
+        # :162-184 passes get_ip(); master_addr is the address every node already reaches)
         self.rpc_broadcast_mq = MessageQueue(
-            self.world_size, self.world_size,
+            self.world_size, self.local_world_size,
+            connect_ip=self.config.master_addr if self.config.nnodes > 1 else None,
             busy_loop_s=OVERSUBSCRIBED_SPIN_S if oversubscribed else BUSY_LOOP_S)
         # At exit, stop the workers before utils/mp's own exit hook does (atexit runs the
         # last registered first), so the monitor does not take their exit for a death.
@@ -107,6 +121,7 @@ class MultiprocExecutor(Executor):
         try:
             self._start_workers()
             self._start_worker_monitor()
+            self._watch_remote_workers()
             self.collective_rpc("init_device", timeout=INIT_TIMEOUT_S)
             self.collective_rpc("load_model", timeout=INIT_TIMEOUT_S)
         except BaseException:
@@ -114,18 +129,13 @@ class MultiprocExecutor(Executor):
             raise
 
     def _start_workers(self) -> None:
-        init_method = f"tcp://127.0.0.1:{get_open_port()}"  # rank 0 hosts the rendezvous
-        handle = self.rpc_broadcast_mq.export_handle()
-        context = worker_mp_context()
-
-        def start(rank: int) -> ProcHandle:
-            return launch(worker_main, f"Worker_TP{rank}", ready_timeout=READY_TIMEOUT_S,
-                          args=(self.config, rank, handle, init_method), context=context)
-
+        procs = start_node_workers(self.config, self.rpc_broadcast_mq.export_handle())
+        handles = {rank: h for proc in procs for rank, h in proc.ready_message.items()}
         decoder = MsgpackDecoder(RPCResponse)
-        for rank, proc in enumerate(launch_all(start, self.world_size, context)):
-            mq = MessageQueue.create_from_handle(proc.ready_message, 0, decoder=decoder)
-            self.workers.append(WorkerProcHandle(rank, proc, proc.ready_message, mq))
+        for rank in range(self.world_size):  # the other nodes' reply queues are read over tcp
+            mq = MessageQueue.create_from_handle(handles[rank], 0, decoder=decoder)
+            proc = procs[rank] if rank < self.local_world_size else None
+            self.workers.append(WorkerProcHandle(rank, proc, handles[rank], mq))
         self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
         for w in self.workers:
             w.response_mq.wait_until_ready(READY_TIMEOUT_S)
@@ -196,7 +206,7 @@ class MultiprocExecutor(Executor):
         the dead worker, not the rank that noticed."""
         # Sentinels, not is_alive(): the monitor thread reaps the dead worker, and a waitpid
         # that loses that race reports "alive" (ECHILD), which blamed the rank that noticed.
-        sentinels = [w.proc.sentinel for w in self.workers]
+        sentinels = [w.proc.sentinel for w in self.workers if w.proc is not None]
         if multiprocessing.connection.wait(sentinels, DEATH_GRACE_S):  # one is dead, or dies
             deadline = time.monotonic() + FAILURE_RECORD_S
             while not self.is_failed and time.monotonic() < deadline:
@@ -211,7 +221,10 @@ class MultiprocExecutor(Executor):
             raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}")
 
     def _who(self, rank: int) -> str:
-        return f"{rank} (pid {self.workers[rank].proc.pid})"
+        proc = self.workers[rank].proc
+        if proc is None:
+            return f"{rank} (on node {rank // self.local_world_size})"
+        return f"{rank} (pid {proc.pid})"
 
     # --- failures ------------------------------------------------------------------------
     def register_failure_callback(self, callback: FailureCallback) -> None:
@@ -221,7 +234,8 @@ class MultiprocExecutor(Executor):
             self.failure_callback = callback
 
     def _start_worker_monitor(self) -> None:
-        self_ref, workers = weakref.ref(self), list(self.workers)
+        self_ref = weakref.ref(self)
+        workers = [w for w in self.workers if w.proc is not None]
 
         def monitor_workers() -> None:
             by_sentinel = {w.proc.sentinel: w for w in workers}
@@ -232,12 +246,34 @@ class MultiprocExecutor(Executor):
 
         threading.Thread(target=monitor_workers, daemon=True, name="MultiprocWorkerMonitor").start()
 
-    def _on_worker_death(self, dead: WorkerProcHandle) -> None:
-        code = dead.proc.exit_code(timeout=1.0)
-        how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        self.failure = (f"worker {self._who(dead.rank)} died ({how}); the engine cannot run "
-                        "another step. See the worker's log above")
-        self.is_failed = True
+    def _watch_remote_workers(self) -> None:
+        """The other nodes' workers: no sentinel crosses machines, their reply connections
+        do (distributed/peer_watch.py: a dead process within ms, a cut link within the
+        heartbeat timeout)."""
+        remote = {w.rank: w.response_mq.remote_socket for w in self.workers if w.proc is None}
+        if not remote:
+            return
+        self_ref = weakref.ref(self)
+
+        def on_lost(rank: int, endpoint: str) -> None:
+            executor = self_ref()
+            if executor is not None and not executor.shutting_down:
+                executor._on_worker_death(executor.workers[rank], f"is lost: {endpoint} "
+                                          "closed or fell silent (process or link gone)")
+
+        self.remote_watch = PeerWatch(remote, on_lost, name="RemoteWorkerWatch")
+
+    def _on_worker_death(self, dead: WorkerProcHandle, how: str | None = None) -> None:
+        with self._fail_lock:  # the sentinels and the remote watch: the first one reports
+            if self.is_failed:
+                return
+            if how is None:
+                code = dead.proc.exit_code(timeout=1.0)
+                how = ("died (" + (f"signal {signal.Signals(-code).name}" if code and code < 0
+                                   else f"exit code {code}") + ")")
+            self.failure = (f"worker {self._who(dead.rank)} {how}; the engine cannot run "
+                            "another step. See the worker's log")
+            self.is_failed = True
         logger.error(self.failure)
         # 0. the names of the dead worker's ring and ipc files, and of the broadcast queue's
         #    (no one attaches to a failed executor; mappings and sockets stay usable until
@@ -264,7 +300,7 @@ class MultiprocExecutor(Executor):
             if self._stopped:
                 return
             self._stopped = True
-            stop_all([w.proc for w in self.workers])
+            stop_all([w.proc for w in self.workers if w.proc is not None])
             for w in self.workers:
                 unlink_queue_files(w.response_handle)
 
@@ -273,6 +309,8 @@ class MultiprocExecutor(Executor):
         if self.shutting_down:
             return
         self.shutting_down = True
+        if self.remote_watch is not None:  # before the sockets it watches are closed
+            self.remote_watch.stop()
         self.rpc_broadcast_mq.shutdown()
         for w in self.workers:
             w.response_mq.shutdown()

@@ -22,8 +22,8 @@ from minivllm.worker.model_runner import ModelRunner
 
 
 def default_num_threads(world_size: int) -> int | None:
-    """torch threads per worker: the cores this process may use, shared by the ranks (3 ranks
-    on 2 cores get one each: more threads than cores would make the ranks fight for them)."""
+    """torch threads per worker: the cores this process may use, shared by this node's ranks
+    (3 ranks on 2 cores get one each: more threads than cores make the ranks fight for them)."""
     if world_size == 1:
         return None  # torch's default: every core
     return max(1, len(os.sched_getaffinity(0)) // world_size)
@@ -38,12 +38,17 @@ class Worker:
 
     def init_device(self) -> None:
         world = self.config.tensor_parallel_size
-        threads = self.config.num_threads or default_num_threads(world)
+        threads = self.config.num_threads or default_num_threads(self.config.local_world_size)
         if threads:
             torch.set_num_threads(threads)
-        if world > 1:
-            parallel_state.init_distributed_environment(self.rank, world,
-                                                        self.distributed_init_method)
+        if world > 1 and parallel_state.get_tp_group().world_size == 1:
+            self.init_distributed()
+
+    def init_distributed(self, local_ip: str | None = None) -> None:
+        """Join the TP group (across nodes, before the queues: multinode.py)."""
+        parallel_state.init_distributed_environment(
+            self.rank, self.config.tensor_parallel_size, self.distributed_init_method,
+            local_ip=local_ip)
 
     def load_model(self) -> None:
         self.model_runner.load_model()

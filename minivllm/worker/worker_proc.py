@@ -4,7 +4,8 @@
     executor <──reply MessageQueue(1, 1), one per worker────── each WorkerProc
 
 The process is started by utils/mp.launch, with vLLM's two pipes: the ready pipe carries the
-handle of the reply queue this worker creates (vllm/v1/executor/multiproc_executor.py:725,
+handles of the reply queues, by rank (this worker's own; across nodes rank 0's also carries
+the other nodes' ranks', see worker/multinode.py) (vllm/v1/executor/multiproc_executor.py:725,
 sent at :1031-1037, read by wait_for_ready :887-922), the death pipe tells it to stop
 (b"stop") or that the engine core is gone (EOF). Then the worker loops: dequeue a request, run
 it, and reply if it is the output rank (vLLM's worker_busy_loop, :1154-1193).
@@ -37,6 +38,7 @@ from minivllm.executor.messages import (ExecuteModel, RPCCall, RPCError, RPCRequ
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils import tracing
 from minivllm.utils.mp import ChildLink
+from minivllm.worker import multinode
 from minivllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -58,14 +60,21 @@ def process_title(rank: int, world_size: int) -> str:
 
 
 class WorkerProc:
-    def __init__(self, config: EngineConfig, rank: int, broadcast_handle: Handle,
+    def __init__(self, config: EngineConfig, rank: int, broadcast_handle: Handle | None,
                  distributed_init_method: str) -> None:
-        self.rank, self.broadcast_handle = rank, broadcast_handle
-        self.rpc_broadcast_mq = MessageQueue.create_from_handle(
-            broadcast_handle, rank, decoder=MsgpackDecoder(RPCRequest))
-        self.worker_response_mq = MessageQueue(1, 1, REPLY_CHUNK_BYTES, REPLY_CHUNKS,
-                                               busy_loop_s=REPLY_SPIN_S)
+        self.rank = rank
         self.worker = Worker(config, rank, distributed_init_method)
+        self.reply_handles: dict[int, Handle] = {}  # what the ready pipe carries, by rank
+        self.watches: list = []  # PeerWatch threads (a remote reader's watch on its leader)
+        if config.nnodes > 1:  # the group first: it carries the handles between nodes
+            broadcast_handle = multinode.init_worker_queues(self, config, broadcast_handle)
+        else:
+            self.rpc_broadcast_mq = MessageQueue.create_from_handle(
+                broadcast_handle, rank, decoder=MsgpackDecoder(RPCRequest))
+            self.worker_response_mq = MessageQueue(1, 1, REPLY_CHUNK_BYTES, REPLY_CHUNKS,
+                                                   busy_loop_s=REPLY_SPIN_S)
+            self.reply_handles[rank] = self.worker_response_mq.export_handle()
+        self.broadcast_handle = broadcast_handle
         self._lock, self._closed = threading.Lock(), False  # wake_up() vs shutdown() race
 
     def wait_until_ready(self) -> None:
@@ -121,6 +130,8 @@ class WorkerProc:
     def shutdown(self, engine_core_died: bool) -> None:
         """Close the queues (an orphan gets SIGTERM a second after the death pipe's EOF,
         utils/mp.PARENT_DEATH_GRACE_S: this must be quick)."""
+        for watch in self.watches:  # before the queues' zmq contexts are terminated
+            watch.stop()
         with self._lock:
             self._closed = True
             for mq in (self.rpc_broadcast_mq, self.worker_response_mq):
@@ -155,7 +166,7 @@ def worker_main(link: ChildLink, config: EngineConfig, rank: int, broadcast_hand
     setproctitle(process_title(rank, config.tensor_parallel_size))
     tracing.set_process_name(process_title(rank, config.tensor_parallel_size))
     proc = WorkerProc(config, rank, broadcast_handle, distributed_init_method)
-    link.ready(proc.worker_response_mq.export_handle())
+    link.ready(proc.reply_handles)
 
     def stop_on_request() -> None:  # the death pipe said stop (or EOF): wake the loop
         link.wait_stop()
@@ -165,6 +176,8 @@ def worker_main(link: ChildLink, config: EngineConfig, rank: int, broadcast_hand
     code = 0
     try:
         proc.wait_until_ready()
+        if proc.rpc_broadcast_mq.remote_socket is not None:  # the writer is on another node
+            multinode.watch_leader(proc)
         proc.worker_busy_loop()
     except QueueShutdown:
         pass  # stop requested
