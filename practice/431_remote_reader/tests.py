@@ -8,6 +8,7 @@ paces the writer itself and re-runs a round whose pacing it could not keep.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import time
 import zmq
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.bounded import call_bounded, open_fds, start_call
 
 READY = b"READY"
 JOIN_S = scaled(5.0)  # subscriptions over loopback arrive in milliseconds
@@ -57,48 +59,34 @@ class Writer:
 
 
 def _call(fn, *args):
-    """Run fn(*args) in a thread for at most HANG_S more than its timeout: the thread (alive
-    if it hangs) and {"value" or "error", "seconds"}."""
-    t, out = _start(fn, *args)
-    t.join(HANG_S + max([a for a in args if isinstance(a, float)], default=0))
-    return t, out
+    """fn(*args) in a thread, given up on HANG_S after its own timeout (a float argument)."""
+    return call_bounded(fn, *args, limit=HANG_S + max([a for a in args if isinstance(a, float)],
+                                                      default=0))
 
 
-def _start(fn, *args):
-    out: dict = {}
-
-    def body():
-        start = time.monotonic()
-        try:
-            out["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - reported to the learner below
-            out["error"] = e
-        out["seconds"] = time.monotonic() - start
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
-
-
-def _readers(impl, w: Writer, n: int):
-    readers = []
+@contextlib.contextmanager
+def _bench(impl, n: int, ready: bool = False):
+    """The judge's writer and n of your readers, subscribed (and past READY if `ready`)."""
+    w, readers = Writer(), []
     try:
         for _ in range(n):
             readers.append(impl.RemoteReader(w.address))
         w.expect_subscribers(n)
-    except BaseException:
+        if ready:
+            w.sock.send(READY)
+            for r in readers:
+                r.wait_until_ready(HANG_S)
+        yield w, readers
+    finally:
         for r in readers:
             r.close()
-        raise
-    return readers
+        w.close()
 
 
 @test(input=f"3 RemoteReaders; the judge's writer waits for 3 subscriptions and sends READY "
             f"{READY_LATE_S} s after the readers call wait_until_ready({HANG_S:g})")
 def ready_handshake(impl):
-    w = Writer()
-    readers = []
-    try:
-        readers = _readers(impl, w, 3)
+    with _bench(impl, 3) as (w, readers):
         sender = threading.Timer(READY_LATE_S, w.sock.send, (READY,))
         sender.start()
         for i, r in enumerate(readers):
@@ -106,25 +94,18 @@ def ready_handshake(impl):
             if "error" in out:
                 e = out["error"]
                 why = (" The timeout is in seconds; zmq's poll() takes milliseconds."
-                       if isinstance(e, TimeoutError) and out["seconds"] < READY_LATE_S else "")
+                       if isinstance(e, TimeoutError) and out["seconds"] < HANG_S / 2 else "")
                 raise Fail(f"reader {i}'s wait_until_ready({HANG_S:g}) raised "
                            f"{type(e).__name__} after {out['seconds']:.3f} s, but READY came "
                            f"{READY_LATE_S} s after the call.{why}", got=str(e)) from None
             if t.is_alive():
                 raise Fail(f"reader {i}'s wait_until_ready did not return although READY was sent")
         sender.join()
-    finally:
-        for r in readers:
-            r.close()
-        w.close()
 
 
 @test(input="one RemoteReader; the writer's first message is [b'step 7', b'payload'], not READY")
 def ready_is_checked(impl):
-    w = Writer()
-    readers = []
-    try:
-        readers = _readers(impl, w, 1)
+    with _bench(impl, 1) as (w, readers):
         w.sock.send_multipart([b"step 7", b"payload"])
         try:
             readers[0].wait_until_ready(HANG_S)
@@ -140,10 +121,6 @@ def ready_is_checked(impl):
         raise Fail("wait_until_ready returned although the first message was b'step 7', not "
                    "READY: this reader joined a writer that was already publishing and has "
                    "missed messages; raise RuntimeError naming what came")
-    finally:
-        for r in readers:
-            r.close()
-        w.close()
 
 
 DEAD_WRITER = """
@@ -184,11 +161,7 @@ def _check_timeout(out: dict, call: str, t: float, address: str, what: str) -> N
             f"killed with SIGKILL while publishing every 2 ms; every call with timeout "
             f"{SILENT_T}", timeout=30)
 def dead_or_silent_writer(impl):
-    w = Writer()
-    readers = []
-    try:
-        readers = _readers(impl, w, 1)
-        r = readers[0]
+    with _bench(impl, 1) as (w, [r]):
         _, out = _call(r.wait_until_ready, SILENT_T)
         _check_timeout(out, f"wait_until_ready({SILENT_T})", SILENT_T, w.address,
                        "a writer that never sends READY")
@@ -202,10 +175,6 @@ def dead_or_silent_writer(impl):
                        f"{HANG_S:g} s: poll() with the time left before every recv, never a "
                        "bare recv")
         _check_timeout(out, f"dequeue({SILENT_T})", SILENT_T, w.address, "a silent writer")
-    finally:
-        for r in readers:
-            r.close()
-        w.close()
     _killed_mid_stream(impl)
 
 
@@ -261,17 +230,12 @@ def _shape(frames) -> str:
 @test(input="12 distinct multipart messages: frames of 0, 1, 8191-8193, 65535-65537 and "
             "1 MiB + 1 bytes, empty frames, 1 to 3 frames a message")
 def frames_in_order(impl):
-    w = Writer()
-    readers = []
-    try:
-        readers = _readers(impl, w, 1)
-        w.sock.send(READY)
-        readers[0].wait_until_ready(HANG_S)
+    with _bench(impl, 1, ready=True) as (w, [r]):
         msgs = _messages()
         for m in msgs:
             w.sock.send_multipart(m)
         for k, want in enumerate(msgs):
-            got = readers[0].dequeue(HANG_S)
+            got = r.dequeue(HANG_S)
             if not isinstance(got, list) or not all(type(f) is bytes for f in got):
                 kinds = sorted({type(f).__name__ for f in got}) if isinstance(got, list) else []
                 raise Fail(f"dequeue must return a list of bytes, one per frame; got "
@@ -281,10 +245,6 @@ def frames_in_order(impl):
                        if len(got) != len(want) else "the frames' bytes must come back unchanged")
                 raise Fail(f"message {k} came as {_shape(got)}, the writer sent "
                            f"{_shape(want)}: {why}", input=f"message {k} of {len(msgs)}")
-    finally:
-        for r in readers:
-            r.close()
-        w.close()
 
 
 def _subscriber(ctx, address):
@@ -301,7 +261,7 @@ def writer_waits_for_every_reader(impl):
     w, ctx = Writer(), zmq.Context()
     subs = [_subscriber(ctx, w.address) for _ in range(2)]
     try:
-        t, out = _start(impl.wait_for_readers, w.sock, 3, HANG_S)
+        t, out = start_call(impl.wait_for_readers, w.sock, 3, HANG_S)
         if subs[0].poll(int(scaled(0.5) * 1000)):  # nothing may come before the third joins
             raise Fail("READY was sent after 2 of 3 subscriptions: the third reader misses "
                        "it (and waits for it forever)", got=subs[0].recv())
@@ -404,13 +364,7 @@ def wait_deadline_is_total(impl):
 @test(input=f"read(3, {HANG_S:g}) of 3 queued messages; then read({TRICKLE_N}, {TOTAL_T}) while a "
             f"message comes every {TRICKLE_GAP_S} s", timeout=30)
 def read_deadline_is_total(impl):
-    w = Writer()
-    readers = []
-    try:
-        readers = _readers(impl, w, 1)
-        r = readers[0]
-        w.sock.send(READY)
-        r.wait_until_ready(HANG_S)
+    with _bench(impl, 1, ready=True) as (w, [r]):
         for k in range(4):
             w.sock.send_multipart([b"queued", str(k).encode()])
         want = [[b"queued", str(k).encode()] for k in range(3)]
@@ -420,21 +374,12 @@ def read_deadline_is_total(impl):
                        "order", expected=want, got=got, input="4 messages queued")
         _trickle(lambda k: w.sock.send_multipart([b"trickle", str(k).encode()]),
                  lambda: r.read(TRICKLE_N, TOTAL_T), f"read({TRICKLE_N}, {TOTAL_T:g})")
-    finally:
-        for r in readers:
-            r.close()
-        w.close()
-
-
-def _fds() -> set[str]:
-    return {f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}" for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")}
 
 
 @test(input="RemoteReader: READY, one message, close(), close(); then one whose writer is gone")
 def close_releases_everything(impl):
     w = Writer()
-    before = _fds()
+    before = open_fds()
     try:
         r = impl.RemoteReader(w.address)
         w.expect_subscribers(1)
@@ -444,7 +389,7 @@ def close_releases_everything(impl):
         check_equal(r.dequeue(HANG_S), [b"one"], "the message before close()")
         r.close()
         r.close()
-        left = sorted(_fds() - before)
+        left = sorted(open_fds() - before)
         if left:
             raise Fail(f"close() left {len(left)} file descriptor(s) open: close the socket "
                        "and terminate this reader's own zmq.Context (ctx.term()); a shared "
@@ -456,7 +401,7 @@ def close_releases_everything(impl):
     if t.is_alive() or "error" in out:
         raise Fail("close() of a reader whose writer is gone did not return cleanly",
                    got=repr(out.get("error", "still running")))
-    left = sorted(_fds() - before)
+    left = sorted(open_fds() - before)
     if left:
         raise Fail(f"close() of a reader whose writer is gone left {len(left)} fd(s) open",
                    got=left[:6])

@@ -20,6 +20,7 @@ import threading
 import time
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.bounded import call_bounded, open_fds
 
 ARRIVE_S = scaled(5.0)  # a byte or FIN on loopback arrives in microseconds; this is a hang guard
 D = 10.0  # the deadline, in the FakeClock's seconds
@@ -60,16 +61,7 @@ def _beat(pairs, *names, count=1):
 
 def _check(watch, wait=0.0, where=""):
     """watch.check(wait) in a thread: a check() that blocks on a quiet peer fails, not hangs."""
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = watch.check(wait)
-        except BaseException as e:  # noqa: BLE001 - shown to the learner below
-            out["error"] = e
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    t.join(ARRIVE_S + wait)
+    t, out = call_bounded(watch.check, wait, limit=ARRIVE_S + wait)
     if t.is_alive():
         raise Fail(f"check({wait:g}) had not returned after {ARRIVE_S + wait:g} s: it blocked on "
                    "a quiet peer. Wait only in select (at most `wait`), and read only sockets "
@@ -267,14 +259,9 @@ def dead_vs_paused_peer(impl):
         _close_all(watch, pairs)
 
 
-def _fds() -> set[str]:
-    return {f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}" for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")}
-
-
 @test(input="PeerWatch over 3 peers; a beat; check(); close(); close()")
 def close_releases(impl):
-    before = _fds()
+    before = open_fds()
     clock, pairs = FakeClock(), _pairs("ABC")
     try:
         watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
@@ -287,7 +274,7 @@ def close_releases(impl):
     finally:
         for _, theirs in pairs.values():
             theirs.close()
-    left = sorted(_fds() - before)
+    left = sorted(open_fds() - before)
     if left:
         raise Fail(f"close() left {len(left)} file descriptor(s) open: close every watched "
                    "socket and the selector (epoll) too", got=left)
