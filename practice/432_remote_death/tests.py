@@ -9,6 +9,7 @@ verdict depends on how fast the machine is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -75,22 +76,27 @@ def _check(watch, wait=0.0, where=""):
     return out["value"]
 
 
-def _close_all(watch, pairs):
+@contextlib.contextmanager
+def _watching(impl, names):
+    """A FakeClock, the pairs and your PeerWatch over your ends; closed however the test ends."""
+    clock, pairs, watch = FakeClock(), _pairs(names), None
     try:
-        if watch is not None:
-            watch.close()
+        watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
+        yield clock, pairs, watch
     finally:
-        for yours, theirs in pairs.values():
-            theirs.close()
+        try:
+            if watch is not None:
+                watch.close()
+        finally:
+            for yours, theirs in pairs.values():
+                theirs.close()
 
 
 @test(input=f"peers A and B, deadline {D:g}; A beats at t=4; check at t=14 (A exactly at its "
             "deadline, B past it), at t=14.000001, at t=30")
 def silent_peer_deadline(impl):
-    clock, pairs = FakeClock(), _pairs("AB")
-    t0, watch = clock.now, None
-    try:
-        watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
+    with _watching(impl, "AB") as (clock, pairs, watch):
+        t0 = clock.now
         clock.now = t0 + 4
         _beat(pairs, "A")
         check_equal(_check(watch, where="t=4, A just beat"), {}, "check() at t=4")
@@ -113,8 +119,6 @@ def silent_peer_deadline(impl):
         clock.now = t0 + 30
         check_equal(_check(watch, where="t=30"), {}, "check() after both were reported: each "
                     "peer is reported once")
-    finally:
-        _close_all(watch, pairs)
 
 
 def _ended(theirs, who: str) -> None:
@@ -126,10 +130,8 @@ def _ended(theirs, who: str) -> None:
 @test(input=f"peers A, B, C, deadline {D:g}: all three beat every 9 s of clock (C in bursts of "
             "3 bytes), for 90 s; a check right after each round of beats")
 def slow_alive_peers(impl):
-    clock, pairs = FakeClock(), _pairs("ABC")
-    t0, watch = clock.now, None
-    try:
-        watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
+    with _watching(impl, "ABC") as (clock, pairs, watch):
+        t0 = clock.now
         for step in range(1, 11):
             clock.now = t0 + 9 * step
             _beat(pairs, "A", "B")
@@ -140,17 +142,13 @@ def slow_alive_peers(impl):
                            f"within the {D:g} s deadline, and had just beaten. Read every ready "
                            "socket in each check, and count a beat at the time it is read",
                            input="beats every 9 s, a check after each round")
-    finally:
-        _close_all(watch, pairs)
 
 
 @test(input=f"peers A and B, deadline {D:g}: both beat while the detector is stalled for 50 s of "
             "clock; check at t=50; then silence; check at t=61")
 def detector_stall(impl):
-    clock, pairs = FakeClock(), _pairs("AB")
-    t0, watch = clock.now, None
-    try:
-        watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
+    with _watching(impl, "AB") as (clock, pairs, watch):
+        t0 = clock.now
         for k in range(1, 6):  # the peers beat every 10 s; the detector does not run
             clock.now = t0 + 10 * k
             _beat(pairs, "A", "B")
@@ -167,16 +165,11 @@ def detector_stall(impl):
                        "deadline: both are silent. Their 5 beats each came at once: read "
                        "everything that has arrived in one check, not a piece per check",
                        expected={"A": impl.SILENT, "B": impl.SILENT}, got=got)
-    finally:
-        _close_all(watch, pairs)
 
 
 @test(input="check(wait) while the judge sends a beat 0.3 s after the call starts")
 def check_waits(impl):
-    clock, pairs = FakeClock(), _pairs("A")
-    watch = None
-    try:
-        watch = impl.PeerWatch({"A": pairs["A"][0]}, D, clock)
+    with _watching(impl, "A") as (clock, pairs, watch):
         wait, sent = ARRIVE_S, []
         timer = threading.Timer(0.3, lambda: (sent.append(time.monotonic()),
                                               pairs["A"][1].sendall(b".")))
@@ -185,16 +178,14 @@ def check_waits(impl):
         got = _check(watch, wait, where=f"check({wait:g}); a beat comes after 0.3 s")
         end = time.monotonic()
         timer.join()
-        check_equal(got, {}, "check() that heard a beat")
-        if not sent or end < sent[0]:
-            raise Fail(f"check({wait:g}) returned after {end - start:.3f} s, before the beat was "
-                       "sent (at 0.3 s) and with nothing to report: wait up to `wait` seconds "
-                       "for something to arrive (select with a timeout)")
-        if end - start >= wait:
-            raise Fail(f"check({wait:g}) took {end - start:.2f} s although a beat arrived after "
-                       "0.3 s: return as soon as something arrives, not after the whole wait")
-    finally:
-        _close_all(watch, pairs)
+    check_equal(got, {}, "check() that heard a beat")
+    if not sent or end < sent[0]:
+        raise Fail(f"check({wait:g}) returned after {end - start:.3f} s, before the beat was "
+                   "sent (at 0.3 s) and with nothing to report: wait up to `wait` seconds "
+                   "for something to arrive (select with a timeout)")
+    if end - start >= wait:
+        raise Fail(f"check({wait:g}) took {end - start:.2f} s although a beat arrived after "
+                   "0.3 s: return as soon as something arrives, not after the whole wait")
 
 
 PEER = """
@@ -212,6 +203,18 @@ def _peer_process(theirs):
     return proc
 
 
+@contextlib.contextmanager
+def _reaped(procs: dict):
+    """Kill (SIGKILL ends a stopped process too) and reap every peer process the test started."""
+    try:
+        yield
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+
+
 def _tell_beat(proc, pairs, name):
     proc.stdin.write("beat\n")
     proc.stdin.flush()
@@ -222,11 +225,10 @@ def _tell_beat(proc, pairs, name):
             "then P0 gets SIGSTOP, P1 SIGKILL, R resets its connection (RST); check at t=7 "
             "and at t=13", timeout=30)
 def dead_vs_paused_peer(impl):
-    clock, pairs = FakeClock(), _pairs(["P0", "P1", "R"])
-    t0, watch, procs = clock.now, None, {}
-    try:
-        watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
-        procs = {n: _peer_process(pairs[n][1]) for n in ("P0", "P1")}
+    procs = {}
+    with _watching(impl, ["P0", "P1", "R"]) as (clock, pairs, watch), _reaped(procs):
+        t0 = clock.now
+        procs.update({n: _peer_process(pairs[n][1]) for n in ("P0", "P1")})
         clock.now = t0 + 2
         for n, proc in procs.items():
             _tell_beat(proc, pairs, n)
@@ -250,13 +252,6 @@ def dead_vs_paused_peer(impl):
         clock.now = t0 + 2 + D + 1
         check_equal(_check(watch, where="t=13: P0 stopped since t=2"), {"P0": impl.SILENT},
                     "check() 11 s after the stopped peer's last beat")
-    finally:
-        for proc in procs.values():
-            proc.kill()
-            os.kill(proc.pid, signal.SIGCONT) if proc.poll() is None else None
-            proc.wait()
-            proc.stdin.close()
-        _close_all(watch, pairs)
 
 
 @test(input="PeerWatch over 3 peers; a beat; check(); close(); close()")
