@@ -30,6 +30,7 @@ READY_LATE_S = 0.3  # the judge sends READY this long after the readers start wa
 SILENT_T = 0.5  # the timeout given to calls against a silent or dead writer
 TRICKLE_GAP_S, TRICKLE_N, TOTAL_T = 0.3, 8, 1.0  # one arrival every 0.3 s; 8 take 2.4 s
 ROUNDS = 3  # a trickle round in which the judge could not keep its pace is run again
+LEAVE_T = scaled(1.0)  # a reader that subscribes and leaves: the timeout for n=2
 
 
 class Writer:
@@ -290,8 +291,8 @@ def _reader_leaves(impl, ctx) -> None:
         while not sub.poll(20):  # until the XPUB has taken the subscription in
             w.sock.send(b"probe")
         sub.close()  # subscribed, now leaves: the XPUB holds b"\x01" then b"\x00"
-        try:
-            impl.wait_for_readers(w.sock, 2, 1.0)
+        try:  # the leave reaches the XPUB in milliseconds; the timeout stretches with load
+            impl.wait_for_readers(w.sock, 2, LEAVE_T)
         except TimeoutError as e:
             if "1 of 2" not in str(e):
                 raise Fail("the TimeoutError must say how many readers subscribed",
