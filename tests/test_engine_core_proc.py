@@ -243,8 +243,8 @@ def test_one_engine_serves_two_clients_each_its_own_outputs(tiny_dir):
     clients = []
     try:
         for i in range(2):
-            clients.append(SyncMPClient(config, addresses.for_client(i) |
-                                        {"engine_pids": manager.pids}, client_index=i))
+            clients.append(SyncMPClient(config, addresses.for_client(i, manager.pids),
+                                        client_index=i))
         for i, client in enumerate(clients):
             client.add_request(request(f"c{i}", 8, first=3 + i, max_tokens=5))
         for i, client in enumerate(clients):

@@ -28,6 +28,7 @@ from minivllm.engine.core_client_mp import call_in_loop
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
+from minivllm.engine.utils import ClientAddresses
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Tokenizer
 from minivllm.utils import tracing
@@ -59,7 +60,7 @@ class RequestOutputCollector:
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+    def __init__(self, config: EngineConfig, client_addresses: ClientAddresses | None = None,
                  client_index: int = 0) -> None:
         self.config = config
         self.tokenizer = Tokenizer.from_path(config.model)

@@ -93,11 +93,7 @@ class EngineCore:
     def collective_rpc(self, method: str, args: tuple | list = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
         """Call `method` on every worker (the executor's collective_rpc, added with TP)."""
-        rpc = getattr(self.model_executor, "collective_rpc", None)
-        if rpc is None:
-            raise NotImplementedError(f"{type(self.model_executor).__name__} has no "
-                                      "collective_rpc yet")
-        return rpc(method, tuple(args), kwargs, timeout)
+        return self.model_executor.collective_rpc(method, tuple(args), kwargs, timeout)
 
     def echo(self, value: Any) -> Any:
         """Return the argument: a round trip through the engine's queues, for tests and taps."""

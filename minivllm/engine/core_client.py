@@ -40,7 +40,7 @@ from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import (
     ENGINE_CORE_DEAD, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest,
     EngineCoreRequestType, UtilityOutput, UtilityRequest)
-from minivllm.engine.utils import CoreEngineProcManager, launch_core_engines
+from minivllm.engine.utils import ClientAddresses, CoreEngineProcManager, launch_core_engines
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import dp_rank_identity, identity_to_rank, make_zmq_socket
 
@@ -55,7 +55,7 @@ class EngineCoreClient:
 
     @staticmethod
     def make_client(config: EngineConfig, asyncio_mode: bool, multiprocess: bool,
-                    client_addresses: dict | None = None, client_index: int = 0
+                    client_addresses: ClientAddresses | None = None, client_index: int = 0
                     ) -> "EngineCoreClient":
         if not multiprocess:
             if asyncio_mode:
@@ -100,7 +100,7 @@ class MPClient(EngineCoreClient):
     """What the sync and async MP clients share: start-up, routing, death. Subclasses own the
     output side (a thread or an asyncio task) and implement _wake_waiters."""
 
-    def __init__(self, config: EngineConfig, client_addresses: dict | None,
+    def __init__(self, config: EngineConfig, client_addresses: ClientAddresses | None,
                  client_index: int, ctx: zmq.Context) -> None:
         self.config, self.client_index = config, client_index
         self.dead_error: EngineDeadError | None = None
@@ -117,9 +117,9 @@ class MPClient(EngineCoreClient):
                 input_address, output_address = addresses.inputs[0], addresses.outputs[0]
                 watch = self.engine_manager.sentinels
             else:
-                input_address = client_addresses["input_address"]
-                output_address = client_addresses["output_address"]
-                watch = [os.pidfd_open(p) for p in client_addresses.get("engine_pids", [])]
+                input_address = client_addresses.input_address
+                output_address = client_addresses.output_address
+                watch = [os.pidfd_open(p) for p in client_addresses.engine_pids]
                 self.resources.owned_fds = watch
             self.input_socket = self.resources.input_socket = make_zmq_socket(
                 ctx, input_address, zmq.ROUTER, bind=True, linger=0)

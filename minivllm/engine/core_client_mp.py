@@ -19,6 +19,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import MPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from minivllm.engine.utils import ClientAddresses
 from minivllm.utils import tracing
 
 _shutdown_ids = itertools.count()
@@ -50,7 +51,7 @@ def call_in_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
 
 
 class SyncMPClient(MPClient):
-    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+    def __init__(self, config: EngineConfig, client_addresses: ClientAddresses | None = None,
                  client_index: int = 0) -> None:
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         super().__init__(config, client_addresses, client_index, zmq.Context())
@@ -148,7 +149,7 @@ def _process_outputs_socket(client_ref: "weakref.ref[SyncMPClient]", shutdown_pa
 
 
 class AsyncMPClient(MPClient):
-    def __init__(self, config: EngineConfig, client_addresses: dict | None = None,
+    def __init__(self, config: EngineConfig, client_addresses: ClientAddresses | None = None,
                  client_index: int = 0) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outputs_queue: asyncio.Queue | None = None

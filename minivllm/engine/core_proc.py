@@ -61,9 +61,9 @@ class EngineCoreProc(EngineCoreIOMixin, EngineCore):
         self.client_of: dict[str, int] = {}  # running request id -> the client to answer
         self.num_dropped = 0
         super().__init__(config)  # model, KV cache, executor (its workers start before our threads)
-        register = getattr(self.model_executor, "register_failure_callback", None)
-        if register is not None:  # a worker died: fatal, handled on the busy loop's thread
-            register(lambda: self.input_queue.put((RT.EXECUTOR_FAILED, None)))
+        # a worker died: fatal, handled on the busy loop's thread
+        self.model_executor.register_failure_callback(
+            lambda: self.input_queue.put((RT.EXECUTOR_FAILED, None)))
         identity = dp_rank_identity(engine_index)
         io_ready = threading.Event()
         self.input_thread = threading.Thread(

@@ -62,15 +62,24 @@ class HandshakeFailed(msgspec.Struct, tag="FAILED", array_like=True):
 HandshakeMessage = HandshakeHello | HandshakeReady | HandshakeFailed
 
 
+class ClientAddresses(msgspec.Struct):
+    """What one client (API server) of engines it did not start needs: where it binds its
+    ROUTER and PULL, and the engine pids to watch (vLLM passes a dict with the same keys)."""
+
+    input_address: str
+    output_address: str
+    engine_pids: list[int] = []
+
+
 class EngineZmqAddresses(msgspec.Struct, array_like=True):
     """Where the clients (API servers) listen: client i at inputs[i] and outputs[i]."""
 
     inputs: list[str]
     outputs: list[str]
 
-    def for_client(self, i: int) -> dict[str, str]:
-        """The `client_addresses` that AsyncLLM(config, client_addresses, client_index=i) takes."""
-        return {"input_address": self.inputs[i], "output_address": self.outputs[i]}
+    def for_client(self, i: int, engine_pids: list[int] = ()) -> ClientAddresses:
+        """What AsyncLLM(config, client_addresses, client_index=i) takes."""
+        return ClientAddresses(self.inputs[i], self.outputs[i], list(engine_pids))
 
 
 def _native_threads() -> set[int]:

@@ -31,11 +31,14 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minivllm.utils import tracing
 from minivllm.utils.process_count import serve_process_count
 from minivllm.utils.resource_names import private_dir
+
+if TYPE_CHECKING:  # serve imports the engine lazily, so that --help answers at once
+    from minivllm.engine.utils import ClientAddresses
 
 DEFAULT_PORT = 8000
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -114,7 +117,7 @@ def served_names(args: argparse.Namespace) -> list[str]:
 
 
 async def run_api_server(args: argparse.Namespace, sock: socket.socket,
-                         client_addresses: dict | None = None, client_index: int = 0,
+                         client_addresses: ClientAddresses | None = None, client_index: int = 0,
                          on_ready: Any = None) -> int:
     """One API server: AsyncLLM (own engines, or the launcher's), the app, uvicorn on `sock`."""
     from minivllm.engine.async_llm import AsyncLLM
@@ -156,7 +159,7 @@ def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
 
 
 def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
-                    client_addresses: dict, client_index: int) -> None:
+                    client_addresses: ClientAddresses, client_index: int) -> None:
     """The target of one API server process (launched with minivllm.utils.mp.launch)."""
     import asyncio
 
@@ -196,8 +199,7 @@ def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: i
     with shared_metrics_dir():
         try:
             for i in range(count):
-                client = {"input_address": addresses.inputs[i],
-                          "output_address": addresses.outputs[i]}
+                client = addresses.for_client(i)
                 servers.append(launch(api_server_proc, f"APIServer_{i}",
                                       args=(args, sock, client, i), context=spawn,
                                       ready_timeout=API_SERVER_READY_TIMEOUT_S))

@@ -100,7 +100,7 @@ class MultiprocExecutor(Executor):
         self.output_rank = 0  # the rank whose reply execute_model waits for (vLLM :649)
         self.workers: list[WorkerProcHandle] = []
         self.failure_callback: FailureCallback | None = None
-        self.is_failed, self.failure = False, ""
+        self.failed, self.failure = threading.Event(), ""  # set once failure is written
         self.shutting_down = False
         self.last_step: StepBreakdown | None = None
         self._call_ids = itertools.count()
@@ -181,8 +181,7 @@ class MultiprocExecutor(Executor):
         try:
             self.rpc_broadcast_mq.enqueue(message, _remaining(deadline))
         except QueueShutdown:
-            raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}") \
-                from None
+            raise self._died(what) from None
 
     def _wait_reply(self, rank: int, call_id: int, deadline: float | None, what: str,
                     timeout: float | None) -> Any:
@@ -195,8 +194,7 @@ class MultiprocExecutor(Executor):
                                    f"{timeout:g} s (the deadline of the whole call): it is "
                                    "stuck or very slow; see its log above") from None
             except QueueShutdown:
-                raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}"
-                                      ) from None
+                raise self._died(what) from None
             if reply.call_id == call_id:
                 return reply
             # a late reply to an earlier call whose caller timed out: not ours, drop it
@@ -208,17 +206,19 @@ class MultiprocExecutor(Executor):
         # that loses that race reports "alive" (ECHILD), which blamed the rank that noticed.
         sentinels = [w.proc.sentinel for w in self.workers if w.proc is not None]
         if multiprocessing.connection.wait(sentinels, DEATH_GRACE_S):  # one is dead, or dies
-            deadline = time.monotonic() + FAILURE_RECORD_S
-            while not self.is_failed and time.monotonic() < deadline:
-                time.sleep(0.01)  # the monitor thread is writing self.failure
-        if self.is_failed:
+            self.failed.wait(FAILURE_RECORD_S)  # the monitor thread is writing self.failure
+        if self.failed.is_set():
             last = reply.error.strip().splitlines()[-1]
             raise WorkerDiedError(f"execute_model: {self.failure}\n(worker {reply.rank} then "
                                   f"failed with: {last})")
 
     def _check_alive(self, what: str) -> None:
-        if self.is_failed or self.shutting_down:
-            raise WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}")
+        if self.failed.is_set() or self.shutting_down:
+            raise self._died(what)
+
+    def _died(self, what: str) -> WorkerDiedError:
+        """The error every call gets once a worker died or the executor was shut down."""
+        return WorkerDiedError(f"{what}: {self.failure or 'the executor was shut down'}")
 
     def _who(self, rank: int) -> str:
         proc = self.workers[rank].proc
@@ -228,7 +228,7 @@ class MultiprocExecutor(Executor):
 
     # --- failures ------------------------------------------------------------------------
     def register_failure_callback(self, callback: FailureCallback) -> None:
-        if self.is_failed:
+        if self.failed.is_set():
             callback()
         else:
             self.failure_callback = callback
@@ -265,7 +265,7 @@ class MultiprocExecutor(Executor):
 
     def _on_worker_death(self, dead: WorkerProcHandle, how: str | None = None) -> None:
         with self._fail_lock:  # the sentinels and the remote watch: the first one reports
-            if self.is_failed:
+            if self.failed.is_set():
                 return
             if how is None:
                 code = dead.proc.exit_code(timeout=1.0)
@@ -273,7 +273,7 @@ class MultiprocExecutor(Executor):
                                    else f"exit code {code}") + ")")
             self.failure = (f"worker {self._who(dead.rank)} {how}; the engine cannot run "
                             "another step. See the worker's log")
-            self.is_failed = True
+            self.failed.set()
         logger.error(self.failure)
         # 0. the names of the dead worker's ring and ipc files, and of the broadcast queue's
         #    (no one attaches to a failed executor; mappings and sockets stay usable until
