@@ -46,14 +46,14 @@ def main() -> None:
         "schedule -> execute ->\naborts -> update_from_output", "#fff3c4")
     box(ax, 6.6, 0.6, 2.6, 0.8, "executor -> worker (model)", "#e2f0d9")
     # arrows: requests
-    arrow(ax, 1.8, 3.3, 5.25, 4.4, IN)
-    label(ax, 3.3, 4.25, "[id, type, msgpack, oob...]", IN)
+    arrow(ax, 1.1, 3.72, 5.25, 4.4, IN)  # from the ROUTER's top, over the PULL box
+    label(ax, 4.35, 4.5, "[id, type, msgpack, oob...]", IN)
     arrow(ax, 6.1, 3.85, 6.9, 3.35, IN)
-    label(ax, 6.05, 3.45, "input_queue\n(+aborts_queue)", IN)
+    label(ax, 5.7, 3.25, "input_queue\n(+aborts_queue)", IN)
     # outputs
     arrow(ax, 8.9, 3.35, 9.6, 3.85, OUT)
     label(ax, 9.85, 3.45, "output_queue", OUT)
-    arrow(ax, 8.75, 3.95, 3.45, 3.0, OUT)
+    arrow(ax, 8.75, 3.95, 3.45, 3.3, OUT)  # to the PULL box's right edge
     label(ax, 4.35, 2.45, "EngineCoreOutputs (token lists)\nor ENGINE_CORE_DEAD", OUT)
     arrow(ax, 7.9, 1.85, 7.9, 1.45)
     # death

@@ -1,5 +1,6 @@
 """Every chapter is a jupytext pair (NN_topic.ipynb + NN_topic.md) in sync, committed without
-outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn."""
+outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn and its
+outputs showing what its prose says (tests/chapter_claims.py)."""
 
 import difflib
 import re
@@ -9,6 +10,8 @@ import jupytext
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from chapter_claims import CLAIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_DIR = ROOT / "chapters"
@@ -73,6 +76,28 @@ def test_chapters_are_committed_without_outputs():
                        "(`.venv/bin/jupyter nbconvert --clear-output --inplace chapters/NN_topic.ipynb`)")
 
 
+def printed_text(nb) -> str:
+    """What the cells printed on stdout, and the name and message of each error a cell raised."""
+    parts = []
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                parts.append(out.get("text", ""))
+            elif out.get("output_type") == "error":
+                parts.append(f"{out.get('ename')}: {out.get('evalue')}\n")
+    return "".join(parts)
+
+
+def unmet_claims(stem: str, text: str) -> list[str]:
+    return [f"{why}: no output matches /{pattern}/"
+            for pattern, why in CLAIMS.get(stem[:2], []) if not re.search(pattern, text)]
+
+
+def test_every_chapter_has_claims():
+    missing = [p.stem for p in TEXTS if not CLAIMS.get(p.stem[:2])]
+    assert not missing, f"add what these chapters' outputs must show to tests/chapter_claims.py: {missing}"
+
+
 def silent_plots(nb) -> list[str]:
     """The first line of each plotting cell that left no image in its outputs."""
     return [c.source.strip().splitlines()[0] for c in code_cells(nb) if PLOTS.search(c.source)
@@ -92,3 +117,6 @@ def test_chapter_runs(path, monkeypatch):
     client.execute()
     silent = silent_plots(nb)
     assert not silent, f"these plotting cells drew no image: {silent}"
+    unmet = unmet_claims(path.stem, printed_text(nb))
+    assert not unmet, ("the chapter's outputs do not show what its prose says (tests/chapter_claims.py):\n"
+                       + "\n".join(unmet))

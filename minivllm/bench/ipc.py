@@ -155,6 +155,27 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def findings(record: dict) -> list[str]:
+    """The comparisons chapter 02 draws, as sentences about this run (not a reference's)."""
+    rows = record["results"]
+    lat = {r["transport"]: r["p50_us"] for r in rows if r["metric"] == "latency"}
+    order = sorted((t for t in ("pipe", "unix", "tcp") if t in lat), key=lat.get)
+    lines = ["on this machine, 64 B round trips: "
+             + ", ".join(f"{t} {lat[t]:.0f} µs" for t in order) + " (fastest first)"]
+    bw = {(r["transport"], r["size"]): r["gbps"] for r in rows if r["metric"] == "bandwidth"}
+    for size in sorted({s for _, s in bw if s >= RATIO_SIZE}):
+        unix, tcp = bw.get(("unix", size)), bw.get(("tcp", size))
+        pipe, big = bw.get(("pipe", size)), bw.get(("pipe_big", size))
+        if unix and tcp:
+            lines.append(f"on this machine at {fmt_size(size)}: unix {unix:.2f} GB/s, tcp "
+                         f"{tcp:.2f} GB/s: {'unix' if unix > tcp else 'tcp'} ahead by "
+                         f"{max(unix, tcp) / min(unix, tcp):.2f}x")
+        if pipe and big:
+            lines.append(f"on this machine at {fmt_size(size)}: the 1 MiB pipe buffer moved "
+                         f"{big / pipe:.2f}x the default pipe's GB/s")
+    return lines
+
+
 def print_report(record: dict) -> None:
     rows = record["results"]
     bw = [r for r in rows if r["metric"] == "bandwidth"]
