@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import psutil
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
 from minivllm.bench._ipc_transports import COPIES_PER_BYTE, RING_BYTES, Transport, slots_for
+from minivllm.utils.progress import tqdm
 
 TRANSPORTS = ["pipe", "pipe_big", "unix", "tcp", "shm", "shm_copy"]
 SIZES = [64 * 4**k for k in range(10)]  # 64 B, 256 B, ..., 16 MiB

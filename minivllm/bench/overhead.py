@@ -18,7 +18,6 @@ import time
 import msgspec
 import numpy as np
 import psutil
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
                                    write_json)
@@ -30,6 +29,7 @@ from minivllm.engine.core_client_mp import SyncMPClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.utils.progress import tqdm
 
 BATCHES = (1, 8, 32)
 PROMPT_LEN = 16  # tokens; short, so the run is decode
