@@ -43,6 +43,7 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"closed with linger=1000 ms before anyone bound; the late PULL got \[\[b'survivor'\]\]",
          "linger keeps a pending message"),
         (r"after IpcDir\.close\(\), directory exists\? False", "IpcDir removes its socket files"),
+        (r"on this machine ipc's round trip took [0-9.]+x tcp's", "ipc vs tcp is stated from this run"),
     ],
     "04": [
         (r"frame 1 is the sender's array itself: True", "a large array goes out of band without a copy"),

@@ -12,6 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 from chapter_claims import CLAIMS
+from figure_text import ILLEGIBLE
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_DIR = ROOT / "chapters"
@@ -21,7 +22,11 @@ CELL_TIMEOUT_S = 180  # one cell in quick mode; a hang fails the chapter instead
 # A cell that draws: it calls pyplot or displays a PNG. It must leave an image in its outputs.
 PLOTS = re.compile(r"\bplt\.\w+\(|display\(Image\(")
 PAIRING = "ipynb,md:myst"  # every notebook's jupytext.formats: the pair, in the file itself
-KEPT_METADATA = ("tags",)  # cell metadata that changes how a cell runs; the rest is editor state
+KEPT_METADATA = ("tags",)
+# Run first in the test's copy of each chapter: every figure is checked for overlapping text as
+# it is rendered (tests/figure_text.py), and a problem is printed for the test to find.
+WATCH_FIGURES = (f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                 "import figure_text\nfigure_text.watch()")  # cell metadata that changes how a cell runs; the rest is editor state
 
 
 def code_cells(nb):
@@ -111,12 +116,16 @@ def test_chapter_runs(path, monkeypatch):
     # switched the backend (to Agg) would leave the plotting cells without an image.
     monkeypatch.delenv("MPLBACKEND", raising=False)
     nb = nbformat.read(path, 4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(WATCH_FIGURES))
     # Cells tagged `raises-exception` are meant to fail; nbclient lets them and stops on others.
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     silent = silent_plots(nb)
     assert not silent, f"these plotting cells drew no image: {silent}"
-    unmet = unmet_claims(path.stem, printed_text(nb))
+    printed = printed_text(nb)
+    illegible = [line for line in printed.splitlines() if line.startswith(ILLEGIBLE)]
+    assert not illegible, "move these labels apart:\n" + "\n".join(illegible)
+    unmet = unmet_claims(path.stem, printed)
     assert not unmet, ("the chapter's outputs do not show what its prose says (tests/chapter_claims.py):\n"
                        + "\n".join(unmet))
