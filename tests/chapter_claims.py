@@ -7,6 +7,13 @@ machine's timing: where the prose compares speeds, the cell prints "on this mach
 its own measurement, and the claim checks that the sentence is there, not what it says.
 """
 
+# What no chapter's output may show (stdout or stderr): a drill reports expected failures in
+# one line each, and a progress bar is a widget or nothing, never a stream of redraws.
+ABSENT: list[tuple[str, str]] = [
+    (r"Traceback \(most recent call last\)", "a traceback outside a cell meant to raise"),
+    (r"TqdmWarning", "tqdm's text bar in a notebook"),
+]
+
 # chapter number -> [(regex, what the prose relies on)]
 CLAIMS: dict[str, list[tuple[str, str]]] = {
     "01": [
@@ -77,6 +84,13 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"frame 0: identity b'\\x00\\x00' = engine 0", "the ROUTER's identity frame is the DP rank"),
         (r"frame 1: type byte b'\\x00' = ADD", "the type byte of ADD"),
         (r"on this machine, through the process, a step took", "the boundary's cost is this run's"),
+        (r"engine -> launcher  identity b'\\x01\\x00' = rank 1: \['HELLO', 1, \d+\]",
+         "the handshake on the wire: engine 1's HELLO under its identity"),
+        (r"launcher -> engine  identity b'\\x01\\x00' = rank 1: \[\['ipc://", "the addresses sent back"),
+        (r"engine -> launcher  identity b'\\x00\\x00' = rank 0: \['READY', \[0, ", "engine 0's READY"),
+        (r"per engine: \{0: 3, 1: 3\}", "least-loaded routing spreads 6 requests 3 and 3"),
+        (r"requests held per engine: \[0, 1\] before the abort of dp-5, \[0, 0\] after; engine 1, "
+         r"which held it, let it go: True", "the abort follows its request to its engine"),
         (r"the blocked caller got EngineDeadError [0-9.]+ ms after the kill",
          "kill -9 of the engine core wakes a blocked caller with EngineDeadError"),
         (r"a later call fails at once: EngineDeadError", "every later call fails too"),
@@ -88,6 +102,8 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
          r"titled children = 5 processes", "TP=3 is an engine core and 3 workers, as chapter 01 counts"),
         (r"\+ *[0-9.]+ ms  EngineDeadError raised in this process",
          "killing a worker mid-generation raises EngineDeadError in the caller"),
+        (r"one line per failure:\n(?:   .*\n)*   WorkerDiedError: execute_model: worker 1 ",
+         "the drill reports the engine core's WorkerDiedError in one line"),
         (r"minivllm processes left: \[\]", "the survivors are stopped"),
         (r"one prefill step of \d+ tokens: 1 frame\(s\), .* 3 readers\)",
          "one step is one message in one chunk, read by 3 workers"),

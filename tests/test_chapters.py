@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from chapter_claims import CLAIMS
+from chapter_claims import ABSENT, CLAIMS
 from figure_text import ILLEGIBLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +93,16 @@ def printed_text(nb) -> str:
     return "".join(parts)
 
 
+def streamed_text(nb) -> str:
+    """Everything the cells wrote on stdout and stderr (a child process's log included)."""
+    return "".join(out.get("text", "") for cell in code_cells(nb) for out in cell.get("outputs", [])
+                   if out.get("output_type") == "stream")
+
+
+def unwanted_output(text: str) -> list[str]:
+    return [f"{why}: the output shows /{pattern}/" for pattern, why in ABSENT if re.search(pattern, text)]
+
+
 def unmet_claims(stem: str, text: str) -> list[str]:
     return [f"{why}: no output matches /{pattern}/"
             for pattern, why in CLAIMS.get(stem[:2], []) if not re.search(pattern, text)]
@@ -126,6 +136,8 @@ def test_chapter_runs(path, monkeypatch):
     printed = printed_text(nb)
     illegible = [line for line in printed.splitlines() if line.startswith(ILLEGIBLE)]
     assert not illegible, "move these labels apart:\n" + "\n".join(illegible)
+    unwanted = unwanted_output(streamed_text(nb))
+    assert not unwanted, "\n".join(unwanted)
     unmet = unmet_claims(path.stem, printed)
     assert not unmet, ("the chapter's outputs do not show what its prose says (tests/chapter_claims.py):\n"
                        + "\n".join(unmet))
