@@ -17,7 +17,6 @@ import time
 
 import msgspec
 import numpy as np
-import psutil
 
 from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
                                    write_json)
@@ -136,14 +135,6 @@ def wire_rows(batch: int, repeats: int) -> list[dict]:
 
 
 # --- the run ----------------------------------------------------------------------------
-def engine_cpu_s(client: SyncMPClient) -> float:
-    total = 0.0
-    for pid in client.engine_manager.pids:
-        t = psutil.Process(pid).cpu_times()
-        total += t.user + t.system
-    return total
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("overhead", __doc__)
     parser.add_argument("--model", help="a .gguf file or HF directory (default SmolLM2-135M)")
