@@ -108,6 +108,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"one prefill step of \d+ tokens: 1 frame\(s\), .* 3 readers\)",
          "one step is one message in one chunk, read by 3 workers"),
         (r"\(61 all-reduces: 2 per layer and the embedding's\)", "2L + 1 all-reduces a step"),
+        (r"the ring takes 1 write per step \(200 in all\), the sockets 3 sends per step \(600 in all\)"
+         r"\nevery reader got every step: ring True, sockets True",
+         "over sockets one step is three sends; through the ring, one write"),
         (r"ValueError: tensor_parallel_size=2 does not split this model", "TP must divide the heads"),
     ],
     "09": [
