@@ -7,6 +7,7 @@ rendered, and a problem is printed as a line starting with ILLEGIBLE.
 
 import numpy as np
 from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import FancyArrowPatch
 from matplotlib.text import Annotation, Text
 
@@ -44,6 +45,8 @@ def shrunk(box):
 
 
 def text_overlaps(fig) -> list[str]:
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure(), made without pyplot
+        FigureCanvasAgg(fig)
     fig.canvas.draw()
     found, boxes = [], labels(fig)
     for i, (a, box_a) in enumerate(boxes):
