@@ -54,7 +54,8 @@ def run_scenario(ring: types.ModuleType, **scenario):
     """Run 213's interleaving test scenario on `ring`; returns the explorer's SearchResult."""
     tests = _load("exercise_213_tests", path=exercise.find("213").tests)
     args = {**SCENARIO, **scenario}
-    return tests._scenario(ring, args["n_readers"], args["n_chunks"], args["n_msgs"], args["bound"])
+    msgs = tests.MESSAGES[:args["n_msgs"]]  # 213's _scenario takes the messages themselves
+    return tests._scenario(ring, args["n_readers"], args["n_chunks"], msgs, args["bound"])
 
 
 def breaking_schedule():

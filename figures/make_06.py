@@ -31,8 +31,8 @@ def panel(ax, title, memory, handle, open_call, wire):
     arrow(ax, (0.74, 0.66), (0.26, 0.66), "3. ack: done reading", color="#7f6000")
     arrow(ax, (0.13, 0.60), (0.30, 0.25))
     arrow(ax, (0.70, 0.25), (0.87, 0.60))
-    ax.text(0.02, 0.40, handle, ha="left", fontsize=8)
-    ax.text(0.98, 0.40, open_call, ha="right", fontsize=8)
+    ax.text(0.01, 0.27, handle, ha="left", fontsize=8)  # clear of the arrows above them
+    ax.text(0.99, 0.27, open_call, ha="right", fontsize=8)
     ax.text(0.5, 0.44, "2. the engine maps the same bytes\nand copies them into its weights",
             ha="center", fontsize=8, style="italic")
 

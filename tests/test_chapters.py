@@ -1,5 +1,6 @@
 """Every chapter is a jupytext pair (NN_topic.ipynb + NN_topic.md) in sync, committed without
-outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn."""
+outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn and its
+outputs showing what its prose says (tests/chapter_claims.py)."""
 
 import difflib
 import re
@@ -10,6 +11,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from chapter_claims import ABSENT, CLAIMS
+from figure_text import ILLEGIBLE
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_DIR = ROOT / "chapters"
 CHAPTERS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -18,7 +22,11 @@ CELL_TIMEOUT_S = 180  # one cell in quick mode; a hang fails the chapter instead
 # A cell that draws: it calls pyplot or displays a PNG. It must leave an image in its outputs.
 PLOTS = re.compile(r"\bplt\.\w+\(|display\(Image\(")
 PAIRING = "ipynb,md:myst"  # every notebook's jupytext.formats: the pair, in the file itself
-KEPT_METADATA = ("tags",)  # cell metadata that changes how a cell runs; the rest is editor state
+KEPT_METADATA = ("tags",)
+# Run first in the test's copy of each chapter: every figure is checked for overlapping text as
+# it is rendered (tests/figure_text.py), and a problem is printed for the test to find.
+WATCH_FIGURES = (f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                 "import figure_text\nfigure_text.watch()")  # cell metadata that changes how a cell runs; the rest is editor state
 
 
 def code_cells(nb):
@@ -73,6 +81,38 @@ def test_chapters_are_committed_without_outputs():
                        "(`.venv/bin/jupyter nbconvert --clear-output --inplace chapters/NN_topic.ipynb`)")
 
 
+def printed_text(nb) -> str:
+    """What the cells printed on stdout, and the name and message of each error a cell raised."""
+    parts = []
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                parts.append(out.get("text", ""))
+            elif out.get("output_type") == "error":
+                parts.append(f"{out.get('ename')}: {out.get('evalue')}\n")
+    return "".join(parts)
+
+
+def streamed_text(nb) -> str:
+    """Everything the cells wrote on stdout and stderr (a child process's log included)."""
+    return "".join(out.get("text", "") for cell in code_cells(nb) for out in cell.get("outputs", [])
+                   if out.get("output_type") == "stream")
+
+
+def unwanted_output(text: str) -> list[str]:
+    return [f"{why}: the output shows /{pattern}/" for pattern, why in ABSENT if re.search(pattern, text)]
+
+
+def unmet_claims(stem: str, text: str) -> list[str]:
+    return [f"{why}: no output matches /{pattern}/"
+            for pattern, why in CLAIMS.get(stem[:2], []) if not re.search(pattern, text)]
+
+
+def test_every_chapter_has_claims():
+    missing = [p.stem for p in TEXTS if not CLAIMS.get(p.stem[:2])]
+    assert not missing, f"add what these chapters' outputs must show to tests/chapter_claims.py: {missing}"
+
+
 def silent_plots(nb) -> list[str]:
     """The first line of each plotting cell that left no image in its outputs."""
     return [c.source.strip().splitlines()[0] for c in code_cells(nb) if PLOTS.search(c.source)
@@ -86,9 +126,18 @@ def test_chapter_runs(path, monkeypatch):
     # switched the backend (to Agg) would leave the plotting cells without an image.
     monkeypatch.delenv("MPLBACKEND", raising=False)
     nb = nbformat.read(path, 4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(WATCH_FIGURES))
     # Cells tagged `raises-exception` are meant to fail; nbclient lets them and stops on others.
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     silent = silent_plots(nb)
     assert not silent, f"these plotting cells drew no image: {silent}"
+    printed = printed_text(nb)
+    illegible = [line for line in printed.splitlines() if line.startswith(ILLEGIBLE)]
+    assert not illegible, "move these labels apart:\n" + "\n".join(illegible)
+    unwanted = unwanted_output(streamed_text(nb))
+    assert not unwanted, "\n".join(unwanted)
+    unmet = unmet_claims(path.stem, printed)
+    assert not unmet, ("the chapter's outputs do not show what its prose says (tests/chapter_claims.py):\n"
+                       + "\n".join(unmet))

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import psutil
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
 from minivllm.bench._ipc_transports import COPIES_PER_BYTE, RING_BYTES, Transport, slots_for
+from minivllm.utils.progress import tqdm
 
 TRANSPORTS = ["pipe", "pipe_big", "unix", "tcp", "shm", "shm_copy"]
 SIZES = [64 * 4**k for k in range(10)]  # 64 B, 256 B, ..., 16 MiB
@@ -153,6 +153,27 @@ def fmt_size(n: int) -> str:
         if n >= scale:
             return f"{n // scale} {unit}"
     return f"{n} B"
+
+
+def findings(record: dict) -> list[str]:
+    """The comparisons chapter 02 draws, as sentences about this run (not a reference's)."""
+    rows = record["results"]
+    lat = {r["transport"]: r["p50_us"] for r in rows if r["metric"] == "latency"}
+    order = sorted((t for t in ("pipe", "unix", "tcp") if t in lat), key=lat.get)
+    lines = ["on this machine, 64 B round trips: "
+             + ", ".join(f"{t} {lat[t]:.0f} µs" for t in order) + " (fastest first)"]
+    bw = {(r["transport"], r["size"]): r["gbps"] for r in rows if r["metric"] == "bandwidth"}
+    for size in sorted({s for _, s in bw if s >= RATIO_SIZE}):
+        unix, tcp = bw.get(("unix", size)), bw.get(("tcp", size))
+        pipe, big = bw.get(("pipe", size)), bw.get(("pipe_big", size))
+        if unix and tcp:
+            lines.append(f"on this machine at {fmt_size(size)}: unix {unix:.2f} GB/s, tcp "
+                         f"{tcp:.2f} GB/s: {'unix' if unix > tcp else 'tcp'} ahead by "
+                         f"{max(unix, tcp) / min(unix, tcp):.2f}x")
+        if pipe and big:
+            lines.append(f"on this machine at {fmt_size(size)}: the 1 MiB pipe buffer moved "
+                         f"{big / pipe:.2f}x the default pipe's GB/s")
+    return lines
 
 
 def print_report(record: dict) -> None:

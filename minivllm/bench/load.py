@@ -5,9 +5,10 @@
     print(load.describe(what="the spin vs block ranking"))
 
 The machine's busy CPU time comes from /proc/stat (every core, every process); subtracting the
-CPU the experiment itself used leaves what other programs took. The experiment's CPU is this
-process's plus that of its children reaped inside the block; pass own_cpu_s when the children
-outlive the block. On Linux only; elsewhere the meter reports the load average alone.
+CPU the experiment itself used leaves what other programs took. The experiment's CPU is that of
+this process and of every descendant (an engine core, its workers, a server and its children),
+alive or reaped inside the block, read from /proc; pass own_cpu_s only to count something else.
+On Linux only; elsewhere the meter reports the load average alone (and own CPU is this process's).
 """
 
 from __future__ import annotations
@@ -21,10 +22,46 @@ import time
 QUIET_OTHERS_CORES = 0.5
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (field 3 onward), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of `pid`, found by the parent pid of every process in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat_fields(entry) if entry.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        kids = children.get(stack.pop(), [])
+        found += kids
+        stack += kids
+    return found
+
+
+def _process_cpu_s(pid: int) -> float:
+    """A live process's CPU seconds, its reaped children's included (/proc/<pid>/stat)."""
+    fields = _stat_fields(pid)
+    if fields is None:  # it exited meanwhile: its parent's reaped-children time holds it
+        return 0.0
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
+
+
 def own_cpu_s() -> float:
-    """CPU seconds of this process and of its children that have been waited for."""
+    """CPU seconds of this process, of its reaped children and of every live descendant."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
+    own = time.process_time() + children.ru_utime + children.ru_stime
+    if not os.path.isdir("/proc"):
+        return own
+    return own + sum(_process_cpu_s(pid) for pid in _descendants(os.getpid()))
 
 
 def _busy_cpu_s() -> float | None:

@@ -17,8 +17,6 @@ import time
 
 import msgspec
 import numpy as np
-import psutil
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
                                    write_json)
@@ -30,6 +28,7 @@ from minivllm.engine.core_client_mp import SyncMPClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
+from minivllm.utils.progress import tqdm
 
 BATCHES = (1, 8, 32)
 PROMPT_LEN = 16  # tokens; short, so the run is decode
@@ -136,14 +135,6 @@ def wire_rows(batch: int, repeats: int) -> list[dict]:
 
 
 # --- the run ----------------------------------------------------------------------------
-def engine_cpu_s(client: SyncMPClient) -> float:
-    total = 0.0
-    for pid in client.engine_manager.pids:
-        t = psutil.Process(pid).cpu_times()
-        total += t.user + t.system
-    return total
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("overhead", __doc__)
     parser.add_argument("--model", help="a .gguf file or HF directory (default SmolLM2-135M)")
@@ -158,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[int, list[tuple[float, float, float, float]]] = {b: [] for b in batches}
     bar = tqdm(total=rounds * len(batches), desc="overhead", unit="batch")
     try:
-        cpu0 = engine_cpu_s(mp_client)
-        with LoadMeter() as load:
+        with LoadMeter() as load:  # counts the engine core too: it is this process's child
             for r in range(rounds):
                 for batch in batches:
                     mp_first = (r + batch) % 2 == 0  # alternate who runs first
@@ -169,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
                         res[tag] = decode_rate(client, batch, steps, f"{tag}{r}b{batch}")
                     samples[batch].append((*res["in"], *res["mp"]))
                     bar.update(1)
-        engine_cpu = engine_cpu_s(mp_client) - cpu0
     finally:
         bar.close()
         mp_client.shutdown()
@@ -189,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                           "multiproc_step_ms", "multiproc_vs_inproc", "rounds"])
     print(f"each ratio: the median over {rounds} round(s) of two rates measured side by side, "
           f"{steps} decode steps each")
-    print(load.describe(own_cpu_s=load.own_cpu_s + engine_cpu, what="the ratios"))
+    print(load.describe(what="the ratios"))
     wire = [row for batch in batches for row in wire_rows(batch, 3 if quick else 7)]
     print_table(wire, ["batch", "layout", "bytes", "encode_us", "decode_us"])
     by = {(w["batch"], w["layout"]): w["encode_us"] + w["decode_us"] for w in wire}
@@ -198,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   / by[(top, "lists (minivllm)")], 2)
     ratios[f"wire_flat_vs_lists_b{top}"] = round(by[(top, "flat array per step")]
                                                  / by[(top, "lists (minivllm)")], 2)
-    ratios["load_others_cores"] = round(load.others_cores(load.own_cpu_s + engine_cpu) or 0, 2)
+    ratios["load_others_cores"] = round(load.others_cores() or 0, 2)
     wire += executor_rows(config, top, steps, rounds, ratios)  # bench/executor.py
     print("ratios:", ratios)
     write_json(args.json, "overhead", results + wire, ratios,

@@ -26,10 +26,9 @@ import multiprocessing as mp
 import os
 import statistics
 
-from tqdm import tqdm
-
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
 from minivllm.bench._ring_workers import RAW_HEADER, Phase, reader_main, run_phase
+from minivllm.utils.progress import tqdm
 
 MESSAGE_BYTES = 1024
 # Chunks of 64 KiB: a 1 KiB message fits, the last sizes of the sweep overflow. 256 of them

@@ -24,11 +24,10 @@ import os
 import statistics
 import time
 
-from tqdm import tqdm
-
 from minivllm.bench import serial_batch as sb
 from minivllm.bench import _serial_transfer as st
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
+from minivllm.utils.progress import tqdm
 
 TENSOR_MIB = 64
 QUICK_TENSOR_MIB = 16  # quick mode: a smaller tensor, same comparison

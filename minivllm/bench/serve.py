@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
 from minivllm.entrypoints.openai.server_process import ServerProcess
+from minivllm.utils.progress import tqdm
 
 SEED = 0
 

@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
                                    write_json)
@@ -39,6 +38,7 @@ from minivllm.model import cpu_features, csrc_build, op_choice, op_selection
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import onednn_linear, onednn_pack
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.progress import tqdm
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts
 EMULATED_PROMPT_LEN = 16  # an emulated dtype prefills slowly: a short context keeps it brief

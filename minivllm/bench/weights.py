@@ -20,11 +20,11 @@ import statistics
 import time
 
 import torch
-from tqdm import tqdm
 
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
 from minivllm.demos.weight_engine import (EngineProcess, build_model, checksums,
                                                        model_bytes, shape_for_mib)
+from minivllm.utils.progress import tqdm
 
 FULL_SIZES_MIB = (16, 64, 256)  # 256 MiB is the headline: about a 135M-parameter model in fp16
 QUICK_SIZES_MIB = (4, 16)

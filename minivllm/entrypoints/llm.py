@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import EngineCoreClient
@@ -30,6 +29,7 @@ from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Message, Tokenizer
+from minivllm.utils.progress import tqdm
 
 DEFAULT_MAX_TOKENS = 64  # SamplingParams' 16 cuts most chat answers short
 MULTIPROCESSING_ENV = "MINIVLLM_ENABLE_V1_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING

@@ -1,0 +1,128 @@
+"""What each chapter's prose says its cells show, as patterns its executed outputs must contain.
+
+tests/test_chapters.py runs every chapter in quick mode and checks these against the text the
+cells printed (stdout, and the name and message of an error a `raises-exception` cell raised).
+A claim here is structural (a count, an order, which error, that a schedule breaks), never a
+machine's timing: where the prose compares speeds, the cell prints "on this machine ..." from
+its own measurement, and the claim checks that the sentence is there, not what it says.
+"""
+
+# What no chapter's output may show (stdout or stderr): a drill reports expected failures in
+# one line each, and a progress bar is a widget or nothing, never a stream of redraws.
+ABSENT: list[tuple[str, str]] = [
+    (r"Traceback \(most recent call last\)", "a traceback outside a cell meant to raise"),
+    (r"TqdmWarning", "tqdm's text bar in a notebook"),
+]
+
+# chapter number -> [(regex, what the prose relies on)]
+CLAIMS: dict[str, list[tuple[str, str]]] = {
+    "01": [
+        (r"2 burns on 2 processes: .*x serial", "the processes' speed-up is measured"),
+        (r"on this machine threads ran [0-9.]+x serial and processes [0-9.]+x",
+         "the thread vs process comparison is stated from this run"),
+        (r"the forked child waited 1 s for the lock and gave up",
+         "a fork copies a held lock without its owner"),
+        (r"ChildStartError: .*\n(?:.*\n){0,8}.*Can't get attribute 'work'",
+         "spawn cannot find a target defined in a notebook"),
+        (r"unguarded\.py: stdout 'child exit code 1'.*bootstrapping phase",
+         "an unguarded script fails under spawn"),
+        (r"guarded\.py: stdout 'child exit code 0'", "the guarded script works"),
+        (r"tp=2 dp=4 api=default: 1 launcher \+ 4 API servers \+ 4 engine cores \+ 8 workers "
+         r"\+ 1 DP coordinator = 18 processes", "-tp 2 -dp 4 starts 18 processes"),
+        (r"both children gone [0-9.]+ ms after their parent's SIGKILL",
+         "the death pipe stops the children of a killed parent"),
+    ],
+    "02": [
+        (r"on this machine, 64 B round trips: ", "the round-trip order is this run's"),
+        (r"on this machine at 1 MiB: unix [0-9.]+ GB/s, tcp [0-9.]+ GB/s",
+         "unix vs TCP is stated from this run"),
+        (r"same_file\s*\n.*True\s*\n", "the passed descriptor names the same file"),
+        (r"every byte arrived: True", "the shm ring delivers every byte"),
+    ],
+    "03": [
+        (r"send at once\s*: \[30, 0, 0\]", "a PUSH that sends at once feeds the first puller"),
+        (r"wait for pullers : \[10, 10, 10\]", "round-robin once every puller is connected"),
+        (r"all 3 SUBs got all 5 in 10 of 10 trials", "XPUB waiting for subscriptions loses nothing"),
+        (r"the same with ROUTER_MANDATORY: Host unreachable", "ROUTER_MANDATORY refuses an unknown peer"),
+        (r"engine 0 got: \[\] \| engine 1 got: \[\[b'ADD req-1'\]\]", "ROUTER drops to an unknown identity"),
+        (r"PUB,  HWM 10     : sent 20000 \(never blocks\), received \d+: the rest dropped",
+         "PUB drops past its high-water mark"),
+        (r"closed with linger=1000 ms before anyone bound; the late PULL got \[\[b'survivor'\]\]",
+         "linger keeps a pending message"),
+        (r"after IpcDir\.close\(\), directory exists\? False", "IpcDir removes its socket files"),
+        (r"on this machine ipc's round trip took [0-9.]+x tcp's", "ipc vs tcp is stated from this run"),
+    ],
+    "04": [
+        (r"frame 1 is the sender's array itself: True", "a large array goes out of band without a copy"),
+        (r"receiver's array views frame 1's memory: True", "the receiver views the frame"),
+        (r"file created by decoding: True", "unpickling runs code"),
+        (r"encode refused: cannot send a Payload", "minivllm refuses pickle by default"),
+        (r"round trip ok: True", "the tensor round trip"),
+    ],
+    "05": [
+        (r"reference order: \d+ schedules explored, no failure",
+         "the correct ring explores every schedule without failure"),
+        (r"wrong order: schedule number \d+ breaks it -> reader 0: received b'm0' as message 2, "
+         r"expected b'm2--' \(a message it already had\)",
+         "the wrong flag order makes the reader take m0 twice"),
+        (r"schedule \d+: reader 0: received .* \(a corrupted message\)",
+         "releasing before copying corrupts a message"),
+        (r"on this machine MessageQueue moved [0-9.]+x the bare ring's messages",
+         "MessageQueue vs the bare ring is stated from this run"),
+        (r"segments left behind: none", "a failed ring leaves no segment"),
+    ],
+    "06": [
+        (r"new names in /dev/shm: none", "the file_descriptor strategy leaves no name in /dev/shm"),
+        (r"round 2: .*engine == trainer: True", "a later round hands the weights over too"),
+        (r"engine's tensors kept their memory \(in place\): True", "the engine copies in place"),
+        (r"on this machine the first shared-memory round was [0-9.]+x faster than pickle, a warm "
+         r"one [0-9.]+x", "cold vs warm rounds are stated from this run"),
+    ],
+    "07": [
+        (r"MINIVLLM::EngineCore_0", "the engine core carries its title"),
+        (r"measured: \d+ carry the title; \d+ are libzmq's", "the thread names are counted, not assumed"),
+        (r"frame 0: identity b'\\x00\\x00' = engine 0", "the ROUTER's identity frame is the DP rank"),
+        (r"frame 1: type byte b'\\x00' = ADD", "the type byte of ADD"),
+        (r"on this machine, through the process, a step took", "the boundary's cost is this run's"),
+        (r"engine -> launcher  identity b'\\x01\\x00' = rank 1: \['HELLO', 1, \d+\]",
+         "the handshake on the wire: engine 1's HELLO under its identity"),
+        (r"launcher -> engine  identity b'\\x01\\x00' = rank 1: \[\['ipc://", "the addresses sent back"),
+        (r"engine -> launcher  identity b'\\x00\\x00' = rank 0: \['READY', \[0, ", "engine 0's READY"),
+        (r"per engine: \{0: 3, 1: 3\}", "least-loaded routing spreads 6 requests 3 and 3"),
+        (r"requests held per engine: \[0, 1\] before the abort of dp-5, \[0, 0\] after; engine 1, "
+         r"which held it, let it go: True", "the abort follows its request to its engine"),
+        (r"the blocked caller got EngineDeadError [0-9.]+ ms after the kill",
+         "kill -9 of the engine core wakes a blocked caller with EngineDeadError"),
+        (r"a later call fails at once: EngineDeadError", "every later call fails too"),
+        (r"after shutdown: engine alive\? False \| ipc dir left\? False \| child processes: \[\]",
+         "nothing is left behind"),
+    ],
+    "08": [
+        (r"chapter 01's formula for serve -tp 3: .* = 5 processes\s+here: this process \+ 4 "
+         r"titled children = 5 processes", "TP=3 is an engine core and 3 workers, as chapter 01 counts"),
+        (r"\+ *[0-9.]+ ms  EngineDeadError raised in this process",
+         "killing a worker mid-generation raises EngineDeadError in the caller"),
+        (r"one line per failure:\n(?:   .*\n)*   WorkerDiedError: execute_model: worker 1 ",
+         "the drill reports the engine core's WorkerDiedError in one line"),
+        (r"minivllm processes left: \[\]", "the survivors are stopped"),
+        (r"one prefill step of \d+ tokens: 1 frame\(s\), .* 3 readers\)",
+         "one step is one message in one chunk, read by 3 workers"),
+        (r"\(61 all-reduces: 2 per layer and the embedding's\)", "2L + 1 all-reduces a step"),
+        (r"the ring takes 1 write per step \(200 in all\), the sockets 3 sends per step \(600 in all\)"
+         r"\nevery reader got every step: ring True, sockets True",
+         "over sockets one step is three sends; through the ring, one write"),
+        (r"ValueError: tensor_parallel_size=2 does not split this model", "TP must divide the heads"),
+    ],
+    "09": [
+        (r"(\d+) processes; chapter 01 says: .* = \1 processes", "the server's tree is chapter 01's count"),
+        (r"-tp 3 --api-server-count 2: counted (\d+) processes; chapter 01's formula: .*launcher.* = "
+         r"\1 processes", "self-test 1: -tp 3 with two API servers, a launcher included"),
+        (r"not JSON: 400 BadRequestError", "a malformed body is 400 with OpenAI's error body"),
+        (r"unknown model: 404 NotFoundError", "an unknown model is 404"),
+        (r"after the disconnect: blocks used 0\.0 running 0\.0", "a disconnect frees the KV blocks"),
+        (r"/health after the kill, every 50 ms: \[.*503\]", "/health turns 503 after the engine dies"),
+        (r'data: \{"error":\{"message":"the engine is dead', "the stream ends with an error event"),
+        (r"processes left: \[\]", "the dead server leaves nothing behind"),
+        (r"serve_vs_inproc_c\d+ = [0-9.]+", "the serving path is measured against the bare engine"),
+    ],
+}
