@@ -71,11 +71,12 @@ class OutputProcessor:
                 stop_reason = out.error
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
-                completion.text = state.detokenizer.output_text
                 if stop is not None:  # wins over "length" when it ends on the last token
                     if finish_reason is None:  # vLLM: v1/engine/output_processor.py:828
                         to_abort.append(out.request_id)
                     finish_reason, stop_reason = FinishReason.STOP, stop
+                # a stream sends this text's growth: hold back what may begin a stop string
+                completion.text = state.detokenizer.get_next_output_text(finish_reason is not None)
             state.output.num_cached_tokens = out.num_cached_tokens
             if finish_reason is not None:
                 completion.finish_reason, completion.stop_reason = str(finish_reason), stop_reason
