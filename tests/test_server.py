@@ -290,3 +290,47 @@ def test_shared_metrics_dir_keeps_the_users_folder_and_removes_only_its_own(tmp_
     with shared_metrics_dir() as used:
         assert used == str(mine)
     assert (mine / "counter_1.db").exists() and os.environ[MULTIPROC_ENV] == str(mine)
+
+
+def test_usage_counts_each_prompt_once_whatever_n(client):
+    """OpenAI's and vLLM's usage: prompt tokens once per prompt (not once per choice), every
+    choice's completion tokens; streamed usage equals the whole response's."""
+    prompt = [5, 6, 7, 8]
+    kwargs = dict(model="tiny", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    out = client.completions.create(prompt=prompt, n=4, **kwargs)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (4, 12)
+    batch = client.completions.create(prompt=[prompt, [9, 10]], n=2, **kwargs)
+    assert (batch.usage.prompt_tokens, batch.usage.completion_tokens) == (6, 12)
+    chunks = list(client.completions.create(prompt=[prompt, [9, 10]], n=2, stream=True,
+                                            stream_options={"include_usage": True}, **kwargs))
+    assert chunks[-1].usage == batch.usage
+    chat = client.chat.completions.create(messages=MESSAGES, n=3, **kwargs)
+    assert chat.usage.completion_tokens == 9
+    streamed = list(client.chat.completions.create(
+        messages=MESSAGES, n=3, stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert streamed[-1].usage == chat.usage
+
+
+def test_continuous_usage_stats_on_every_chunk(client):
+    kwargs = dict(model="tiny", max_tokens=4, temperature=0, stream=True,
+                  stream_options={"include_usage": True, "continuous_usage_stats": True},
+                  extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(prompt=[[5, 6, 7], [8, 9]], n=2, **kwargs))
+    per_choice: dict[int, list] = {}
+    for c in chunks[:-1]:
+        per_choice.setdefault(c.choices[0].index, []).append(c.usage)
+    for i, usages in per_choice.items():
+        assert all(u.prompt_tokens == (3 if i < 2 else 2) for u in usages)
+        counts = [u.completion_tokens for u in usages]
+        assert counts == sorted(counts) and counts[-1] == 4
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 16)
+    chat = list(client.chat.completions.create(messages=MESSAGES, **kwargs))
+    assert chat[0].usage.completion_tokens == 0 and chat[-2].usage.completion_tokens == 4
+    assert chat[-1].usage == chat[-2].usage
+
+
+def test_stream_options_without_stream_is_400(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                  stream_options={"include_usage": True})
+    assert e.value.body["param"] == "stream_options"

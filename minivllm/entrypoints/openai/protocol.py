@@ -29,6 +29,7 @@ class OpenAIBaseModel(BaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: usage on every chunk too
 
 
 class TextContent(OpenAIBaseModel):
@@ -66,6 +67,10 @@ class SamplingFields(OpenAIBaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: only with include_usage, as vLLM's should_include_usage."""
+        return self.include_usage() and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -21,19 +21,23 @@ from __future__ import annotations
 import time
 from typing import AsyncGenerator, AsyncIterator
 
+from msgspec import UNSET
+
 from minivllm.engine.output_processor import RequestOutput
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionChoice, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionStreamChoice,
     ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
+    SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason, random_id,
+    sse)
 from minivllm.utils import tracing
 
 
 class OpenAIServingChat(OpenAIServing):
     def prepare(self, request: ChatCompletionRequest) -> tuple[str, list[int], int]:
-        model = self.check_model(request)
+        model = self.check_request(request)
         messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        self.check_text_length(sum(len(m["content"]) for m in messages))
         with tracing.span("tokenize"):
             try:
                 prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -46,46 +50,49 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, request: ChatCompletionRequest
                                      ) -> ChatCompletionResponse | AsyncGenerator[bytes, None]:
-        model, token_ids, max_tokens = self.prepare(request)
+        model, token_ids, max_tokens = await self.run_sync(self.prepare, request)
         request_id = random_id("chatcmpl")
         results = self.fan_out([token_ids], request, [max_tokens], request_id)
+        counter = UsageCounter([len(token_ids)], request.n)
         if request.stream:
-            return self.stream(request, results, request_id, model, len(token_ids))
-        return await self.full(request, results, request_id, model, len(token_ids))
+            return self.stream(request, results, request_id, model, counter)
+        return await self.full(request, results, request_id, model, counter)
 
     async def full(self, request: ChatCompletionRequest,
                    results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                   model: str, num_prompt: int) -> ChatCompletionResponse:
+                   model: str, counter: UsageCounter) -> ChatCompletionResponse:
         final = await collect_final(results)
         choices = [ChatCompletionChoice(i, ResponseMessage(final[i].outputs[0].text),
                                         openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]
-        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
-        return ChatCompletionResponse(request_id, model, choices, usage(num_prompt, completion))
+        for i, out in final.items():
+            counter.update(i, len(out.outputs[0].token_ids))
+        return ChatCompletionResponse(request_id, model, choices, counter.total())
 
     async def stream(self, request: ChatCompletionRequest,
                      results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                     model: str, num_prompt: int) -> AsyncGenerator[bytes, None]:
+                     model: str, counter: UsageCounter) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        continuous = request.continuous_usage()
 
-        def chunk(choices: list[ChatCompletionStreamChoice], **extra: object) -> bytes:
-            return sse(ChatCompletionStreamResponse(request_id, model, created, choices, **extra))
+        def chunk(choices: list[ChatCompletionStreamChoice], usage: object = UNSET) -> bytes:
+            return sse(ChatCompletionStreamResponse(request_id, model, created, choices, usage))
         try:
             for i in range(request.n):
-                yield chunk([ChatCompletionStreamChoice(i, DeltaMessage("assistant", ""))])
+                yield chunk([ChatCompletionStreamChoice(i, DeltaMessage("assistant", ""))],
+                            counter.choice(i) if continuous else UNSET)
             sent = [0] * request.n  # characters of each choice already sent
-            completion = 0
             async for i, out in results:
                 c = out.outputs[0]
+                counter.update(i, len(c.token_ids))
                 finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
                     delta = DeltaMessage(content=c.text[sent[i]:])
                     sent[i] = len(c.text)
-                    yield chunk([ChatCompletionStreamChoice(i, delta, finish)])
-                if out.finished:
-                    completion += len(c.token_ids)
+                    yield chunk([ChatCompletionStreamChoice(i, delta, finish)],
+                                counter.choice(i) if continuous else UNSET)
             if request.include_usage():
-                yield chunk([], usage=usage(num_prompt, completion))
+                yield chunk([], counter.total())
         except Exception as e:  # the engine died or failed: say so in the stream, then end it
             yield sse(OpenAIError.from_exception(e).error_response())
         finally:

@@ -13,20 +13,25 @@ from __future__ import annotations
 import time
 from typing import AsyncGenerator, AsyncIterator
 
+from msgspec import UNSET
+
 from minivllm.engine.output_processor import RequestOutput
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
+    SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason, random_id,
+    sse)
 from minivllm.utils import tracing
 
 
 class OpenAIServingCompletion(OpenAIServing):
     def prepare(self, request: CompletionRequest) -> tuple[str, list[list[int]], list[int]]:
-        model = self.check_model(request)
+        model = self.check_request(request)
         prompts: list[list[int]] = []
         with tracing.span("tokenize"):
             for p in request.prompts():
+                if isinstance(p, str):
+                    self.check_text_length(len(p))
                 prompts.append(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
         if not prompts:
             raise OpenAIError("the prompt list is empty", param="prompt")
@@ -36,45 +41,43 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest
                                 ) -> CompletionResponse | AsyncGenerator[bytes, None]:
-        model, prompts, max_tokens = self.prepare(request)
+        model, prompts, max_tokens = await self.run_sync(self.prepare, request)
         request_id = random_id("cmpl")
         results = self.fan_out(prompts, request, max_tokens, request_id)
-        num_prompt = sum(map(len, prompts)) * request.n
+        counter = UsageCounter(list(map(len, prompts)), request.n)
         if request.stream:
-            return self.stream(request, results, request_id, model, num_prompt,
-                               len(prompts) * request.n)
-        return await self.full(results, request_id, model, num_prompt)
+            return self.stream(request, results, request_id, model, counter)
+        return await self.full(results, request_id, model, counter)
 
     async def full(self, results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                   model: str, num_prompt: int) -> CompletionResponse:
+                   model: str, counter: UsageCounter) -> CompletionResponse:
         final = await collect_final(results)
         choices = [CompletionChoice(i, final[i].outputs[0].text,
                                     openai_finish_reason(final[i].outputs[0]))
                    for i in sorted(final)]
-        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
+        for i, out in final.items():
+            counter.update(i, len(out.outputs[0].token_ids))
         return CompletionResponse(request_id, model, int(time.time()), choices,
-                                  usage(num_prompt, completion))
+                                  counter.total())
 
     async def stream(self, request: CompletionRequest,
                      results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                     model: str, num_prompt: int, num_choices: int
-                     ) -> AsyncGenerator[bytes, None]:
+                     model: str, counter: UsageCounter) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        continuous = request.continuous_usage()
         try:
-            sent = [0] * num_choices
-            completion = 0
+            sent = [0] * len(counter.completion)
             async for i, out in results:
                 c = out.outputs[0]
+                counter.update(i, len(c.token_ids))
                 finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
                     choice = CompletionChoice(i, c.text[sent[i]:], finish)
                     sent[i] = len(c.text)
-                    yield sse(CompletionResponse(request_id, model, created, [choice]))
-                if out.finished:
-                    completion += len(c.token_ids)
+                    yield sse(CompletionResponse(request_id, model, created, [choice],
+                                                 counter.choice(i) if continuous else UNSET))
             if request.include_usage():
-                yield sse(CompletionResponse(request_id, model, created, [],
-                                             usage(num_prompt, completion)))
+                yield sse(CompletionResponse(request_id, model, created, [], counter.total()))
         except Exception as e:  # the engine died or failed: say so in the stream, then end it
             yield sse(OpenAIError.from_exception(e).error_response())
         finally:

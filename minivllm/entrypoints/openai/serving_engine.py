@@ -7,6 +7,10 @@ engine 500 InternalServerError (and /health 503). In vLLM: create_error_response
 vllm/entrypoints/serve/exception_handling/error_response.py:14-104; the context-length check,
 vllm/renderers/params.py:537-551; max_tokens clamped to the room left,
 vllm/entrypoints/serve/utils/api_utils.py:234-271.
+
+Tokenizing runs on a worker thread, never on the event loop: one huge prompt must not stall
+every stream and /health. A text longer than the context could hold even at the longest token
+is refused before tokenizing (vLLM: _text_len_check, vllm/renderers/params.py:394).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, TypeVar
 
 import numpy as np
 import pydantic
@@ -95,22 +100,71 @@ def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
     return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
 
 
+class UsageCounter:
+    """Usage as OpenAI and vLLM count it: each prompt's tokens once, however many choices it
+    has (n), and every choice's completion tokens (vLLM: completion/serving.py:500 and :660,
+    chat_completion/serving.py:837). Choice i belongs to prompt i // n."""
+
+    def __init__(self, prompt_lens: list[int], n: int) -> None:
+        self.prompt_lens, self.n = prompt_lens, n
+        self.completion = [0] * (len(prompt_lens) * n)
+
+    def update(self, choice: int, num_tokens: int) -> None:
+        self.completion[choice] = num_tokens
+
+    def choice(self, i: int) -> UsageInfo:
+        """One choice's usage so far: stream_options.continuous_usage_stats puts it on each
+        of its chunks."""
+        return usage(self.prompt_lens[i // self.n], self.completion[i])
+
+    def total(self) -> UsageInfo:
+        return usage(sum(self.prompt_lens), sum(self.completion))
+
+
+T = TypeVar("T")
+
+
 class OpenAIServing:
-    def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics,
+                 executor: ThreadPoolExecutor) -> None:
         self.engine = engine  # AsyncLLM
+        self.executor = executor  # where requests are parsed and tokenized, off the event loop
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.config.max_model_len
         self.vocab_size: int = engine.config.model_config.vocab_size
         self.served_model_names = served_model_names
         self.metrics = metrics
 
-    def check_model(self, request: SamplingFields) -> str:
-        """The model name to echo back; 404 for a name this server does not serve."""
+    def check_request(self, request: SamplingFields) -> str:
+        """The model name to echo back; 404 for a name this server does not serve; 400 for
+        fields that contradict each other or the model."""
+        if request.stream_options is not None and not request.stream:  # vLLM's same 400
+            raise OpenAIError("Stream options can only be defined when `stream=True`.",
+                              param="stream_options")
+        bad = [t for t in request.stop_token_ids or () if not 0 <= t < self.vocab_size]
+        if bad:
+            raise OpenAIError(f"stop_token_ids must be token ids in [0, {self.vocab_size}) "
+                              f"(this model's vocabulary); got {bad[:5]}",
+                              param="stop_token_ids")
         if request.model is None or request.model in self.served_model_names:
             return self.served_model_names[0]
         raise OpenAIError(f"The model `{request.model}` does not exist; this server serves "
                           f"{self.served_model_names}", HTTPStatus.NOT_FOUND, "NotFoundError",
                           "model")
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the tokenizing thread; the event loop serves everyone meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def check_text_length(self, num_chars: int) -> None:
+        """400 for a text too long for the context whatever its tokens: no tokenizing needed."""
+        max_chars = self.max_model_len * self.tokenizer.max_chars_per_token
+        if num_chars > max_chars:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {num_chars} characters (more than {max_chars} "
+                f"characters, which is the upper bound for {self.max_model_len} input tokens). "
+                f"Please reduce the length of the input prompt.", param="input_text")
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None,
                      what: str = "messages") -> int:
