@@ -152,6 +152,10 @@ class OpenAIServing:
                           f"{self.served_model_names}", HTTPStatus.NOT_FOUND, "NotFoundError",
                           "model")
 
+    def token_namer(self, request: SamplingFields) -> Any:
+        """What names a token in logprobs: the tokenizer, or None for "token_id:<id>"."""
+        return None if request.return_tokens_as_token_ids else self.tokenizer
+
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) on the tokenizing thread; the event loop serves everyone meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -187,7 +191,8 @@ class OpenAIServing:
         return room if max_tokens is None else min(max_tokens, room)
 
     @staticmethod
-    def sampling_params(request: SamplingFields, max_tokens: int, choice: int) -> SamplingParams:
+    def sampling_params(request: SamplingFields, max_tokens: int, choice: int,
+                        logprobs: int | None = None) -> SamplingParams:
         """Choice i of n gets seed + i, so seeded choices are repeatable and still differ."""
         seed = request.seed
         if seed is not None and seed != -1 and choice:  # -1: vLLM's "no seed"
@@ -197,7 +202,7 @@ class OpenAIServing:
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=request.top_k or 0, seed=seed, max_tokens=max_tokens,
             stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
-            ignore_eos=request.ignore_eos)
+            ignore_eos=request.ignore_eos, logprobs=logprobs)
 
     async def generate(self, token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncGenerator[RequestOutput, None]:
@@ -216,9 +221,11 @@ class OpenAIServing:
             yield out
 
     def fan_out(self, prompts: list[list[int]], request: SamplingFields, max_tokens: list[int],
-                request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+                request_id: str, logprobs: int | None = None
+                ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """One engine request per (prompt, choice): choice index = prompt * n + choice."""
-        gens = [self.generate(ids, self.sampling_params(request, mt, j), f"{request_id}-{i}-{j}")
+        gens = [self.generate(ids, self.sampling_params(request, mt, j, logprobs),
+                              f"{request_id}-{i}-{j}")
                 for i, (ids, mt) in enumerate(zip(prompts, max_tokens))
                 for j in range(request.n)]
         return merge_async_iterators(gens)
