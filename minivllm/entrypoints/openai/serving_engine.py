@@ -206,19 +206,29 @@ class OpenAIServing:
 
     async def generate(self, token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncGenerator[RequestOutput, None]:
-        """AsyncLLM.generate, timed for /metrics (TTFT, ITL, e2e, token counters)."""
+        """AsyncLLM.generate, timed and counted for /metrics: TTFT, ITL, e2e, tokens as they
+        come, and how the request ended (a consumer that leaves early: "abort")."""
         start = last = time.perf_counter()
         prompt = np.asarray(token_ids, dtype=np.int32)
-        num_prev = 0
-        async for out in self.engine.generate(prompt, params, request_id):
-            now = time.perf_counter()
-            num = len(out.outputs[0].token_ids)
-            if num > num_prev:
-                self.metrics.observe_tokens(num_prev == 0, now - last, now - start, num - num_prev)
-                num_prev, last = num, now
-            if out.finished:
-                self.metrics.observe_finished(len(token_ids), num, now - start)
-            yield out
+        num_prev, reason = 0, "abort"
+        try:
+            async for out in self.engine.generate(prompt, params, request_id):
+                now = time.perf_counter()
+                num = len(out.outputs[0].token_ids)
+                if num > num_prev:
+                    self.metrics.observe_tokens(0 if num_prev else len(token_ids), now - last,
+                                                now - start, num - num_prev)
+                    num_prev, last = num, now
+                if out.finished:
+                    reason = out.outputs[0].finish_reason or "abort"
+                    if reason in ("stop", "length"):
+                        self.metrics.observe_finished(now - start)
+                yield out
+        except Exception:
+            reason = "error"  # the engine refused or failed it, or died
+            raise
+        finally:
+            self.metrics.observe_ended(reason)
 
     def fan_out(self, prompts: list[list[int]], request: SamplingFields, max_tokens: list[int],
                 request_id: str, logprobs: int | None = None
