@@ -16,8 +16,8 @@ import pytest
 from minivllm.entrypoints.openai.server_process import ServerProcess
 
 MAX_TOKENS = 16
-PROMPTS = ["The capital of France is", "Écris une phrase sur le café à Montréal:",
-           "東京 is the capital of"]
+# SmolLM2 answers these with accents and emoji (greedy): characters of 2 and 4 bytes
+PROMPTS = ["The capital of France is", "Le café est", "Emoji list: 🍎 apple, 🍌 banana, 🍒 cherry,"]
 LONG_STOP = "a stop string that never appears"  # a long hold-back that never matches
 
 
