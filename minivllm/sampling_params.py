@@ -19,6 +19,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    logprobs: int | None = None  # the sampled token's logprob and this many top ones
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -27,6 +28,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be None or >= 0, got {self.logprobs}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None:

@@ -34,6 +34,15 @@ class Tokenizer:
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
         self.vocab_size = backend.get_vocab_size()
         self._template = None
+        self._max_chars_per_token: int | None = None
+
+    @property
+    def max_chars_per_token(self) -> int:
+        """The longest token's text: a prompt of N characters needs at least N / this many
+        tokens, known before tokenizing (vLLM: vllm/tokenizers/hf.py:124)."""
+        if self._max_chars_per_token is None:
+            self._max_chars_per_token = max(map(len, self.backend.get_vocab()))
+        return self._max_chars_per_token
 
     @classmethod
     def from_path(cls, path: str) -> "Tokenizer":

@@ -284,3 +284,99 @@ def test_shared_metrics_dir_keeps_the_users_folder_and_removes_only_its_own(tmp_
     with shared_metrics_dir() as used:
         assert used == str(mine)
     assert (mine / "counter_1.db").exists() and os.environ[MULTIPROC_ENV] == str(mine)
+
+
+def test_usage_counts_each_prompt_once_whatever_n(client):
+    """OpenAI's and vLLM's usage: prompt tokens once per prompt (not once per choice), every
+    choice's completion tokens; streamed usage equals the whole response's."""
+    prompt = [5, 6, 7, 8]
+    kwargs = dict(model="tiny", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    out = client.completions.create(prompt=prompt, n=4, **kwargs)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (4, 12)
+    batch = client.completions.create(prompt=[prompt, [9, 10]], n=2, **kwargs)
+    assert (batch.usage.prompt_tokens, batch.usage.completion_tokens) == (6, 12)
+    chunks = list(client.completions.create(prompt=[prompt, [9, 10]], n=2, stream=True,
+                                            stream_options={"include_usage": True}, **kwargs))
+    assert chunks[-1].usage == batch.usage
+    chat = client.chat.completions.create(messages=MESSAGES, n=3, **kwargs)
+    assert chat.usage.completion_tokens == 9
+    streamed = list(client.chat.completions.create(
+        messages=MESSAGES, n=3, stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert streamed[-1].usage == chat.usage
+
+
+def test_continuous_usage_stats_on_every_chunk(client):
+    kwargs = dict(model="tiny", max_tokens=4, temperature=0, stream=True,
+                  stream_options={"include_usage": True, "continuous_usage_stats": True},
+                  extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(prompt=[[5, 6, 7], [8, 9]], n=2, **kwargs))
+    per_choice: dict[int, list] = {}
+    for c in chunks[:-1]:
+        per_choice.setdefault(c.choices[0].index, []).append(c.usage)
+    for i, usages in per_choice.items():
+        assert all(u.prompt_tokens == (3 if i < 2 else 2) for u in usages)
+        counts = [u.completion_tokens for u in usages]
+        assert counts == sorted(counts) and counts[-1] == 4
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 16)
+    chat = list(client.chat.completions.create(messages=MESSAGES, **kwargs))
+    assert chat[0].usage.completion_tokens == 0 and chat[-2].usage.completion_tokens == 4
+    assert chat[-1].usage == chat[-2].usage
+
+
+def test_stream_options_without_stream_is_400(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                  stream_options={"include_usage": True})
+    assert e.value.body["param"] == "stream_options"
+
+
+def metrics_now(server) -> dict[str, float]:
+    """Every minivllm: series, keyed by name and labels but model_name."""
+    out = {}
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if m := re.match(r"^minivllm:(\w+)(?:\{([^}]*)\})? (\S+)$", line):
+            labels = ",".join(p for p in (m.group(2) or "").split(",")
+                              if p and not p.startswith("model_name"))
+            out[m.group(1) + (f"{{{labels}}}" if labels else "")] = float(m.group(3))
+    return out
+
+
+def test_metrics_count_known_traffic_by_outcome(server, client):
+    """Two requests end by length, one by a stop token, one aborted mid-stream: the counters
+    by finished_reason, the token counters (the aborted one's tokens too), TTFT and e2e."""
+    before = metrics_now(server)
+    kwargs = dict(model="tiny", prompt=[5, 6, 7], temperature=0)
+    for _ in range(2):
+        client.completions.create(max_tokens=4, extra_body={"ignore_eos": True}, **kwargs)
+    first = client.completions.create(max_tokens=1, logprobs=0, **kwargs,
+                                      extra_body={"return_tokens_as_token_ids": True})
+    stop_id = int(first.choices[0].logprobs.tokens[0].split(":")[1])
+    stopped = client.completions.create(max_tokens=8, extra_body={"stop_token_ids": [stop_id]},
+                                        **kwargs)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    body = {"prompt": [5, 6, 7], "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        received = 0
+        for line in r.iter_lines():
+            received += line.startswith("data: {")
+            if received == 5:
+                break
+    deadline = time.monotonic() + 10
+    while (metrics_now(server)['request_success_total{finished_reason="abort"}']
+           == before['request_success_total{finished_reason="abort"}']
+           and time.monotonic() < deadline):
+        time.sleep(0.1)
+    after = metrics_now(server)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta['request_success_total{finished_reason="length"}'] == 3  # 2 + the 1-token one
+    assert delta['request_success_total{finished_reason="stop"}'] == 1
+    assert delta['request_success_total{finished_reason="abort"}'] == 1
+    assert delta['request_success_total{finished_reason="error"}'] == 0
+    assert delta["prompt_tokens_total"] == 5 * 3
+    assert 4 + 4 + 1 + 1 + 5 <= delta["generation_tokens_total"] < 4 + 4 + 1 + 1 + 900
+    assert delta["time_to_first_token_seconds_count"] == 5
+    assert delta["e2e_request_latency_seconds_count"] == 4  # the aborted one has none
+    itl = delta["inter_token_latency_seconds_count"]
+    assert itl == delta["generation_tokens_total"] - 5  # every token but each request's first
+    assert after["num_requests_running"] == after["num_requests_waiting"] == 0

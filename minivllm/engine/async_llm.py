@@ -188,5 +188,6 @@ def _stop(engine_core: Any, handler: dict[str, asyncio.Task]) -> None:
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
     """A copy the consumer may keep: the processor goes on appending to the original."""
-    return dataclasses.replace(out, outputs=[dataclasses.replace(c, token_ids=list(c.token_ids))
-                                             for c in out.outputs])
+    return dataclasses.replace(out, outputs=[dataclasses.replace(
+        c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs))
+        for c in out.outputs])

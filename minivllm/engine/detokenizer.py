@@ -6,6 +6,13 @@ recent tokens twice, before and after the new ones, emit only the difference, an
 window ends in U+FFFD. In vLLM: SlowIncrementalDetokenizer and check_stop_strings,
 vllm/v1/engine/detokenizer.py:262 and :321; detokenize_incrementally,
 vllm/tokenizers/detokenizer_utils.py:176.
+
+Stop strings are held back. Text is cut before a stop string only once the whole string has
+arrived, so the last `len(longest stop) - 1` characters of an unfinished request may still be
+the start of one: a stream that sent them would send what the finished text leaves out.
+`get_next_output_text` withholds them until the request finishes or more text shows they are
+not a stop string (vLLM: stop_buffer_length and get_next_output_text,
+vllm/v1/engine/detokenizer.py:88 and :161).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop or [])
+        # characters that may be the start of a stop string: withheld until decided
+        self.stop_buffer_length = max(map(len, self.stop)) - 1 if self.stop else 0
         self.token_ids: list[int] = []
         self.output_text = ""
         self.prefix_offset = 0  # the window [prefix_offset, read_offset) is already emitted
@@ -35,16 +44,27 @@ class IncrementalDetokenizer:
             self.output_text += self._next_text()
         if finished and self.read_offset < len(self.token_ids):
             self.output_text += self._next_text(flush=True)
-        if not self.stop:
-            return None
-        longest = max(map(len, self.stop))
-        search_from = max(0, start - longest + 1)  # a stop string may straddle old and new text
-        for stop in self.stop:
-            idx = self.output_text.find(stop, search_from)
-            if idx >= 0:
-                self.output_text = self.output_text[:idx]
-                return stop
-        return None
+        return self._check_stop_strings(len(self.output_text) - start)
+
+    def get_next_output_text(self, finished: bool) -> str:
+        """The text a client may see now: all of it once finished, else all but the
+        characters that could still turn out to begin a stop string."""
+        held = 0 if finished else self.stop_buffer_length
+        return self.output_text[:max(0, len(self.output_text) - held)]
+
+    def _check_stop_strings(self, new_chars: int) -> str | None:
+        """Cut the text before the stop string that ends earliest in the new text (vLLM's
+        rule, so several tokens in one step stop where one token at a time would)."""
+        best, best_start, best_end = None, 0, len(self.output_text) + 1
+        for stop in self.stop if new_chars else ():
+            # only where the new text could complete it: at most len(stop) - 1 chars earlier
+            idx = self.output_text.find(stop, max(0, len(self.output_text) - new_chars
+                                                  - len(stop) + 1))
+            if idx >= 0 and idx + len(stop) < best_end:
+                best, best_start, best_end = stop, idx, idx + len(stop)
+        if best is not None:
+            self.output_text = self.output_text[:best_start]
+        return best
 
     def _next_text(self, flush: bool = False) -> str:
         decode = self.tokenizer.decode

@@ -120,6 +120,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     stop_reason: int | str | None = None  # the stop string or token id that matched
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # with FinishReason.ERROR: what was wrong with the request
+    # the new token's logprobs when asked for: (token ids, logprobs, rank), the sampled token
+    # first, then the top ones (vLLM: new_logprobs, a LogprobsLists, vllm/v1/engine/__init__.py)
+    new_logprobs: tuple[list[int], list[float], int] | None = None
 
     @property
     def finished(self) -> bool:

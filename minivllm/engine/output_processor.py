@@ -15,6 +15,11 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Tokenizer
 
 
+# One token's logprobs as the engine sent them: (token ids, logprobs, rank of the sampled),
+# the sampled token first, then the top ones (vLLM keeps a dict[int, Logprob] per token).
+TokenLogprobs = tuple[list[int], list[float], int]
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -22,6 +27,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when asked for
 
 
 @dataclass
@@ -50,8 +56,9 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams) -> None:
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer else None
+        logprobs = None if params.logprobs is None else []
         output = RequestOutput(request_id, prompt, prompt_token_ids,
-                               [CompletionOutput(0, "", [])])
+                               [CompletionOutput(0, "", [], logprobs=logprobs)])
         self.request_states[request_id] = RequestState(output, detok, params)
 
     def has_unfinished_requests(self) -> bool:
@@ -66,16 +73,19 @@ class OutputProcessor:
                 continue
             completion, new_ids = state.output.outputs[0], out.new_token_ids
             completion.token_ids.extend(new_ids)
+            if out.new_logprobs is not None and completion.logprobs is not None:
+                completion.logprobs.append(out.new_logprobs)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if out.error is not None:  # FinishReason.ERROR or a shutdown's ABORT: say why
                 stop_reason = out.error
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
-                completion.text = state.detokenizer.output_text
                 if stop is not None:  # wins over "length" when it ends on the last token
                     if finish_reason is None:  # vLLM: v1/engine/output_processor.py:828
                         to_abort.append(out.request_id)
                     finish_reason, stop_reason = FinishReason.STOP, stop
+                # a stream sends this text's growth: hold back what may begin a stop string
+                completion.text = state.detokenizer.get_next_output_text(finish_reason is not None)
             state.output.num_cached_tokens = out.num_cached_tokens
             if finish_reason is not None:
                 completion.finish_reason, completion.stop_reason = str(finish_reason), stop_reason

@@ -133,22 +133,29 @@ class Scheduler:
             top_k=np.array([max(p.top_k, 0) for p in params], np.int32),
             seeds=np.array([-1 if p.seed is None else p.seed for p in params], np.int64),
             num_output_tokens=np.array([r.num_output_tokens for r, _ in scheduled], np.int32),
-            finished_req_ids=self.finished_req_ids)
+            finished_req_ids=self.finished_req_ids,
+            num_logprobs=np.array([-1 if p.logprobs is None else p.logprobs for p in params],
+                                  np.int32))
         self.finished_req_ids = []
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs = []
-        for req_id, token in zip(runner_output.req_ids, runner_output.sampled_token_ids.tolist()):
+        ro = runner_output
+        for row, (req_id, token) in enumerate(zip(ro.req_ids, ro.sampled_token_ids.tolist())):
             request = self.requests.get(req_id)
             if token < 0 or request is None or request.is_finished:
                 continue  # a prompt chunk that does not sample yet, or aborted during the step
             request.append_output_token(token)
             stopped = request.check_stop(self.config.max_model_len)
+            num = request.sampling_params.logprobs
+            logprobs = None if num is None or ro.logprobs is None else (
+                ro.logprob_token_ids[row, :1 + num].tolist(), ro.logprobs[row, :1 + num].tolist(),
+                int(ro.sampled_token_ranks[row]))
             outputs.append(EngineCoreOutput(
                 req_id, [token], request.status.finish_reason,
-                request.stop_reason, request.num_cached_tokens or 0))
+                request.stop_reason, request.num_cached_tokens or 0, new_logprobs=logprobs))
             if stopped:
                 self._free_request(request)
         if any(r.is_finished for r in self.running):

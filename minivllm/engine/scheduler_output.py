@@ -28,8 +28,14 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     seeds: np.ndarray  # int64 (B,), -1: unseeded
     num_output_tokens: np.ndarray  # int32 (B,): how many tokens the row has sampled so far
     finished_req_ids: list[str] = []  # finished since the last step (for stateful workers)
+    num_logprobs: np.ndarray | None = None  # int32 (B,): top logprobs wanted, -1: none
 
 
 class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_ids: list[str]
     sampled_token_ids: np.ndarray  # int32 (B,): -1 for rows that did not sample
+    # with SchedulerOutput.num_logprobs: per row the sampled token then the top K (vLLM's
+    # LogprobsLists, vllm/v1/outputs.py), K the most any row asked for; rank of the sampled
+    logprob_token_ids: np.ndarray | None = None  # int32 (B, 1 + K)
+    logprobs: np.ndarray | None = None  # float32 (B, 1 + K)
+    sampled_token_ranks: np.ndarray | None = None  # int32 (B,)

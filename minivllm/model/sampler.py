@@ -39,6 +39,21 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     return greedy
 
 
+def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num_top: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities from the raw logits that sampled the tokens (before temperature,
+    top-k and top-p: vLLM's default logprobs_mode "raw_logprobs"). Returns token ids and their
+    logprobs (B, 1 + num_top), the sampled token first, then the top `num_top`, and the sampled
+    token's rank (B,), 1 for the most likely. In vLLM: Sampler.gather_logprobs,
+    vllm/v1/sample/sampler.py (the rank is the count of tokens at least as likely)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    sampled = sampled.long()[:, None]
+    sampled_lp = logprobs.gather(1, sampled)
+    ranks = (logprobs >= sampled_lp).sum(dim=-1)
+    top_lp, top_ids = logprobs.topk(num_top, dim=-1)
+    return torch.cat([sampled, top_ids], 1), torch.cat([sampled_lp, top_lp], 1), ranks
+
+
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities in descending order with the tail masked, and the order (token ids)."""

@@ -16,7 +16,7 @@ from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
-from minivllm.model.sampler import sample
+from minivllm.model.sampler import compute_logprobs, sample
 from minivllm.utils import tracing
 
 
@@ -66,7 +66,23 @@ class ModelRunner:
                 tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
                     so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
             sampled[orig] = tokens.numpy()
+            if so.num_logprobs is not None and (so.num_logprobs[orig] >= 0).any():
+                return self._with_logprobs(so, logits, tokens, orig, sampled)
         return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
+
+    @staticmethod
+    def _with_logprobs(so: SchedulerOutput, logits: torch.Tensor, tokens: torch.Tensor,
+                       orig: np.ndarray, sampled: np.ndarray) -> ModelRunnerOutput:
+        """The step's output with the logprobs of the same logits that sampled its tokens."""
+        num_top = int(so.num_logprobs[orig].max())
+        ids, lps, ranks = compute_logprobs(logits, tokens, num_top)
+        out = ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled,
+                                logprob_token_ids=np.zeros((len(sampled), 1 + num_top), np.int32),
+                                logprobs=np.zeros((len(sampled), 1 + num_top), np.float32),
+                                sampled_token_ranks=np.zeros(len(sampled), np.int32))
+        out.logprob_token_ids[orig], out.logprobs[orig] = ids.numpy(), lps.numpy()
+        out.sampled_token_ranks[orig] = ranks.numpy()
+        return out
 
     def _attention_metadata(self, q_lens: np.ndarray, computed: np.ndarray, tables: np.ndarray,
                             starts: np.ndarray, slots: np.ndarray) -> AttentionMetadata:

@@ -18,6 +18,7 @@ import torch
 from minivllm.distributed import parallel_state
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.model.sampler import compute_logprobs
 from minivllm.worker.model_runner import ModelRunner
 
 
@@ -65,6 +66,17 @@ class Worker:
         the others): what tests compare across tensor-parallel sizes."""
         logits = self.model_runner.model.score(token_ids, self.config.block_size)
         return None if logits is None else logits.numpy()
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, token_ids: list[int], num: int) -> list | None:
+        """Each prompt token's (ids, logprobs, rank) given the tokens before it, None for the
+        first, from one pass over the prompt (on the output rank; None on the others): what
+        echo with logprobs shows (vLLM computes these during the prefill instead)."""
+        logits = self.model_runner.model.score(token_ids, self.config.block_size)
+        if logits is None:
+            return None
+        ids, lps, ranks = compute_logprobs(logits[:-1], torch.tensor(token_ids[1:]), num)
+        return [None, *zip(ids.tolist(), lps.tolist(), ranks.tolist())]
 
     def get_num_threads(self) -> int:
         return torch.get_num_threads()

@@ -14,16 +14,23 @@ Three behaviours come from vLLM:
 - When the engine dies, /health answers 503 and a watchdog makes uvicorn exit (vLLM's
   watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py:314-335);
   streams in flight end with an error event.
+
+A body is read up to MAX_BODY_BYTES and refused with 413 beyond it (vLLM sets no limit; a
+server that holds whatever it is sent can be made to hold gigabytes). The body is parsed and
+tokenized on a worker thread, so the event loop keeps streaming meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import signal
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Iterator
 
@@ -31,6 +38,8 @@ import pydantic
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -44,6 +53,44 @@ WATCHDOG_INTERVAL_S = 0.5  # how often the server checks that the engine is aliv
 DEATH_GRACE_S = 1.0  # after the engine dies: /health says 503, streams get their error event
 GRACEFUL_SHUTDOWN_S = 3  # open connections get this long to finish once the server exits
 JSON = "application/json"
+# The largest body accepted: far above any prompt the context can hold (a few hundred kB of
+# text at 8k tokens), small enough that a flood of such bodies cannot exhaust memory.
+MAX_BODY_BYTES = 32 << 20
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def return_big_buffers_to_the_os() -> None:
+    """Serve every allocation of 1 MiB or more from its own mmap, unmapped when freed. By
+    default glibc raises that threshold to the size of the last big block freed (up to 32 MiB),
+    so after one 20 MB body the next ones live in the heap, and the process keeps the memory."""
+    if (name := ctypes.util.find_library("c")) is not None:
+        try:
+            ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        except (OSError, AttributeError):  # not glibc: its own policy stays
+            pass
+
+
+async def read_body(raw: Request) -> bytes:
+    """The body, or 413 as soon as it is known to exceed MAX_BODY_BYTES (by its Content-Length,
+    or while it arrives)."""
+    declared = raw.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else 0
+    chunks: list[bytes] = []
+    if size <= MAX_BODY_BYTES:
+        async for chunk in raw.stream():
+            size += len(chunk) * (not declared.isdigit())
+            if size > MAX_BODY_BYTES:
+                break
+            chunks.append(chunk)
+    if size > MAX_BODY_BYTES:
+        raise OpenAIError(f"the request body is {'at least ' * (not declared.isdigit())}"
+                          f"{size} bytes, more than this server's limit of {MAX_BODY_BYTES} "
+                          f"bytes; send a shorter prompt or split the batch",
+                          HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "RequestEntityTooLargeError")
+    return b"".join(chunks)
 
 
 def error_response(exc: BaseException) -> Response:
@@ -88,24 +135,60 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+def check_json_media_type(raw: Request) -> None:
+    """vLLM's validate_json_request (vllm/entrypoints/serve/utils/api_utils.py:309): a body
+    that does not say it is JSON is refused, whatever it holds."""
+    media_type = raw.headers.get("content-type", "").lower().split(";", 1)[0].strip()
+    if media_type != JSON:
+        raise OpenAIError(f"Unsupported Media Type: Only 'application/json' is allowed (this "
+                          f"body is {media_type or 'untyped'}); send Content-Type: {JSON}")
+
+
+async def http_error(raw: Request, exc: HTTPException) -> Response:
+    """404 and 405 in OpenAI's error shape, typed by the status's phrase as vLLM does
+    (vllm/entrypoints/serve/exception_handling/handlers/http.py:16)."""
+    status = HTTPStatus(exc.status_code)
+    err = OpenAIError(f"{exc.detail}: {raw.method} {raw.url.path}; this server serves POST "
+                      f"/v1/chat/completions and /v1/completions, GET /v1/models, /health and "
+                      f"/metrics", status, status.phrase)
+    return Response(err.body(), status_code=int(status), media_type=JSON,
+                    headers=getattr(exc, "headers", None))
+
+
+def parse_body(model: type[pydantic.BaseModel], body: bytes) -> pydantic.BaseModel:
+    with tracing.span("http_parse"):
+        return model.model_validate_json(body)
+
+
 def build_app(engine: Any, served_model_names: list[str], api_key: str | None = None) -> FastAPI:
+    return_big_buffers_to_the_os()
     metrics = ServerMetrics(served_model_names[0])
-    chat = OpenAIServingChat(engine, served_model_names, metrics)
-    completion = OpenAIServingCompletion(engine, served_model_names, metrics)
+    # one thread, as vLLM's renderer has (vllm/renderers/base.py:92): requests queue for it
+    executor = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+    chat = OpenAIServingChat(engine, served_model_names, metrics, executor)
+    completion = OpenAIServingCompletion(engine, served_model_names, metrics, executor)
     app = FastAPI(title="minivllm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.metrics = engine, metrics
+    app.add_exception_handler(HTTPException, http_error)
 
     async def openai_endpoint(raw: Request, model: type[pydantic.BaseModel],
                               create: Callable[[Any], Awaitable[Any]]) -> Response:
-        body = await raw.body()
         try:
-            with tracing.span("http_parse"):
-                request = model.model_validate_json(body)
+            check_json_media_type(raw)
+            body = await read_body(raw)
+            request = await chat.run_sync(parse_body, model, body)
+            del body  # a huge prompt's bytes are not kept while it runs
             finished, result = await with_cancellation(create(request), raw)
-        except pydantic.ValidationError as e:
-            return error_response(validation_error(e))
+        except ClientDisconnect:  # left during the upload: nothing ran, nobody to answer
+            print(f"minivllm serve: a client disconnected while sending its body to "
+                  f"{raw.url.path}; request dropped", file=sys.stderr, flush=True)
+            return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - every failure becomes OpenAI's error body
-            return error_response(e)
+            # The traceback's frames hold the request (a 20 MB prompt, say) in a cycle
+            # through the failed task: drop them now rather than at the next full GC.
+            e.__traceback__ = None
+            return error_response(validation_error(e) if isinstance(
+                e, pydantic.ValidationError) else e)
         if not finished:  # the client is gone; nobody reads this
             return Response(status_code=499)
         if hasattr(result, "__anext__"):

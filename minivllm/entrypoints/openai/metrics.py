@@ -2,9 +2,12 @@
 
 Gauges (requests running and waiting, KV-cache blocks) are read from the engine core when
 /metrics is scraped (AsyncLLM.get_stats); counters and histograms are updated by the API server
-as outputs arrive. In vLLM: vllm/v1/metrics/loggers.py:528 (num_requests_running), :620
-(kv_cache_usage_perc), :748 and :799 (prompt and generation tokens), :931, :941 and :961 (TTFT,
-inter-token latency and e2e histograms).
+as outputs arrive. Tokens are counted as they arrive, so an aborted request's count too; every
+request that ends is counted once by how it ended (request_success_total{finished_reason}:
+stop, length, abort for a client that left, error). In vLLM: vllm/v1/metrics/loggers.py:528
+(num_requests_running), :620 (kv_cache_usage_perc), :748 and :799 (prompt and generation
+tokens), :809 (request_success by finished_reason), :931, :941 and :961 (TTFT, inter-token
+latency and e2e histograms; e2e here only for requests the engine finished).
 
 Several API servers (`serve --api-server-count N`) answer /metrics in turn, so each must report
 the sum over all of them: the launcher sets MULTIPROC_ENV to a folder before it starts them
@@ -56,6 +59,9 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                120.0)
 
 
+FINISHED_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason, minus repetition
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -73,6 +79,11 @@ class ServerMetrics:
                                      registry=self.registry).labels(**self.labels)
         self.generation_tokens = Counter("minivllm:generation_tokens", "Tokens generated.",
                                          labels, registry=self.registry).labels(**self.labels)
+        self.request_success = Counter(
+            "minivllm:request_success", "Requests that ended, by how: stop, length, abort "
+            "(the client left) or error.", labels + ["finished_reason"], registry=self.registry)
+        for reason in FINISHED_REASONS:  # every series exists from the start, at 0
+            self.request_success.labels(**self.labels, finished_reason=reason)
         self.ttft = Histogram("minivllm:time_to_first_token_seconds", "Time to first token.",
                               labels, buckets=TTFT_BUCKETS, registry=self.registry
                               ).labels(**self.labels)
@@ -83,19 +94,24 @@ class ServerMetrics:
                              labels, buckets=E2E_BUCKETS, registry=self.registry
                              ).labels(**self.labels)
 
-    def observe_tokens(self, first: bool, since_last: float, since_start: float,
+    def observe_tokens(self, prompt_tokens: int, since_last: float, since_start: float,
                        num_new: int) -> None:
-        if first:
+        """New tokens of one request; `prompt_tokens` with its first ones (the prefill is
+        done), else 0."""
+        self.generation_tokens.inc(num_new)
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens)
             self.ttft.observe(since_start)
         else:  # several tokens in one output (a stop string, a late read): split the gap
             gap = since_last / num_new
             for _ in range(num_new):
                 self.itl.observe(gap)
 
-    def observe_finished(self, prompt_tokens: int, generation_tokens: int, e2e: float) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(generation_tokens)
+    def observe_finished(self, e2e: float) -> None:
         self.e2e.observe(e2e)
+
+    def observe_ended(self, finished_reason: str) -> None:
+        self.request_success.labels(**self.labels, finished_reason=finished_reason).inc()
 
     def update_engine_stats(self, stats: dict) -> None:
         self.running.set(stats.get("num_running", 0))

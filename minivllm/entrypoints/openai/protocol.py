@@ -29,6 +29,7 @@ class OpenAIBaseModel(BaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: usage on every chunk too
 
 
 class TextContent(OpenAIBaseModel):
@@ -60,6 +61,7 @@ class SamplingFields(OpenAIBaseModel):
     ignore_eos: bool = False  # vLLM's extension: the benchmark's fixed output lengths
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_tokens_as_token_ids: bool = False  # vLLM's extension: logprobs' tokens as ids
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -67,11 +69,17 @@ class SamplingFields(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: only with include_usage, as vLLM's should_include_usage."""
+        return self.include_usage() and self.stream_options.continuous_usage_stats
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI, still honoured
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -80,6 +88,8 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = None  # the sampled token's logprob and this many top ones
+    echo: bool = False  # the prompt's text before the completion's
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -130,11 +140,35 @@ class ResponseMessage(msgspec.Struct):
     role: str = "assistant"
 
 
+class ChatLogProb(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatLogProbsContent(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[ChatLogProb]
+
+
+class ChatCompletionLogProbs(msgspec.Struct):
+    content: list[ChatLogProbsContent]
+
+
+class CompletionLogProbs(msgspec.Struct):
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class ChatCompletionChoice(msgspec.Struct):
     index: int
     message: ResponseMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatCompletionLogProbs | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct):
@@ -155,7 +189,7 @@ class ChatCompletionStreamChoice(msgspec.Struct):
     index: int
     delta: DeltaMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatCompletionLogProbs | None = None
 
 
 class ChatCompletionStreamResponse(msgspec.Struct):
@@ -171,7 +205,7 @@ class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogProbs | None = None
 
 
 class CompletionResponse(msgspec.Struct):

@@ -21,19 +21,25 @@ from __future__ import annotations
 import time
 from typing import AsyncGenerator, AsyncIterator
 
-from minivllm.engine.output_processor import RequestOutput
+from msgspec import UNSET
+
+from minivllm.engine.output_processor import CompletionOutput, RequestOutput
+from minivllm.entrypoints.openai.logprobs import chat_logprobs, check_num_logprobs
 from minivllm.entrypoints.openai.protocol import (
-    ChatCompletionChoice, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
+    ChatCompletionChoice, ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
+    ChatCompletionStreamChoice, ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
+    SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason,
+    random_id, sse)
 from minivllm.utils import tracing
 
 
 class OpenAIServingChat(OpenAIServing):
-    def prepare(self, request: ChatCompletionRequest) -> tuple[str, list[int], int]:
-        model = self.check_model(request)
+    def prepare(self, request: ChatCompletionRequest) -> tuple[str, list[int], int, int | None]:
+        model = self.check_request(request)
+        num_logprobs = self.check_logprobs(request)
         messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        self.check_text_length(sum(len(m["content"]) for m in messages))
         with tracing.span("tokenize"):
             try:
                 prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -42,50 +48,77 @@ class OpenAIServingChat(OpenAIServing):
                                   param="messages") from e
             token_ids = self.tokenizer.encode(prompt)
         max_tokens = self.check_prompt(token_ids, request.requested_max_tokens())
-        return model, token_ids, max_tokens
+        return model, token_ids, max_tokens, num_logprobs
+
+    def check_logprobs(self, request: ChatCompletionRequest) -> int | None:
+        """vLLM's rules (chat_completion/protocol.py:873): top_logprobs needs logprobs."""
+        top = request.top_logprobs
+        if top is not None and top < 0 and top != -1:
+            raise OpenAIError("`top_logprobs` must be a positive value or -1.",
+                              param="top_logprobs")
+        if top and not request.logprobs:
+            raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
+                              param="top_logprobs")
+        if not request.logprobs:
+            return None
+        return check_num_logprobs(top or 0, self.vocab_size, "top_logprobs")
+
+    def logprobs(self, request: ChatCompletionRequest, c: CompletionOutput, sent_tokens: int,
+                 num: int | None) -> ChatCompletionLogProbs | None:
+        if num is None:
+            return None
+        return chat_logprobs(self.token_namer(request), c.token_ids[sent_tokens:],
+                             c.logprobs[sent_tokens:], num)
 
     async def create_chat_completion(self, request: ChatCompletionRequest
                                      ) -> ChatCompletionResponse | AsyncGenerator[bytes, None]:
-        model, token_ids, max_tokens = self.prepare(request)
+        model, token_ids, max_tokens, num = await self.run_sync(self.prepare, request)
         request_id = random_id("chatcmpl")
-        results = self.fan_out([token_ids], request, [max_tokens], request_id)
+        results = self.fan_out([token_ids], request, [max_tokens], request_id, num)
+        counter = UsageCounter([len(token_ids)], request.n)
         if request.stream:
-            return self.stream(request, results, request_id, model, len(token_ids))
-        return await self.full(request, results, request_id, model, len(token_ids))
+            return self.stream(request, results, request_id, model, counter, num)
+        return await self.full(request, results, request_id, model, counter, num)
 
     async def full(self, request: ChatCompletionRequest,
                    results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                   model: str, num_prompt: int) -> ChatCompletionResponse:
+                   model: str, counter: UsageCounter, num: int | None) -> ChatCompletionResponse:
         final = await collect_final(results)
         choices = [ChatCompletionChoice(i, ResponseMessage(final[i].outputs[0].text),
-                                        openai_finish_reason(final[i].outputs[0]))
+                                        openai_finish_reason(final[i].outputs[0]),
+                                        self.logprobs(request, final[i].outputs[0], 0, num))
                    for i in sorted(final)]
-        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
-        return ChatCompletionResponse(request_id, model, choices, usage(num_prompt, completion))
+        for i, out in final.items():
+            counter.update(i, len(out.outputs[0].token_ids))
+        return ChatCompletionResponse(request_id, model, choices, counter.total())
 
     async def stream(self, request: ChatCompletionRequest,
                      results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                     model: str, num_prompt: int) -> AsyncGenerator[bytes, None]:
+                     model: str, counter: UsageCounter, num: int | None
+                     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        continuous = request.continuous_usage()
 
-        def chunk(choices: list[ChatCompletionStreamChoice], **extra: object) -> bytes:
-            return sse(ChatCompletionStreamResponse(request_id, model, created, choices, **extra))
+        def chunk(choices: list[ChatCompletionStreamChoice], usage: object = UNSET) -> bytes:
+            return sse(ChatCompletionStreamResponse(request_id, model, created, choices, usage))
         try:
             for i in range(request.n):
-                yield chunk([ChatCompletionStreamChoice(i, DeltaMessage("assistant", ""))])
+                yield chunk([ChatCompletionStreamChoice(i, DeltaMessage("assistant", ""))],
+                            counter.choice(i) if continuous else UNSET)
             sent = [0] * request.n  # characters of each choice already sent
-            completion = 0
+            sent_tokens = [0] * request.n
             async for i, out in results:
                 c = out.outputs[0]
+                counter.update(i, len(c.token_ids))
                 finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
                     delta = DeltaMessage(content=c.text[sent[i]:])
-                    sent[i] = len(c.text)
-                    yield chunk([ChatCompletionStreamChoice(i, delta, finish)])
-                if out.finished:
-                    completion += len(c.token_ids)
+                    logprobs = self.logprobs(request, c, sent_tokens[i], num)
+                    sent[i], sent_tokens[i] = len(c.text), len(c.token_ids)
+                    yield chunk([ChatCompletionStreamChoice(i, delta, finish, logprobs)],
+                                counter.choice(i) if continuous else UNSET)
             if request.include_usage():
-                yield chunk([], usage=usage(num_prompt, completion))
+                yield chunk([], counter.total())
         except Exception as e:  # the engine died or failed: say so in the stream, then end it
             yield sse(OpenAIError.from_exception(e).error_response())
         finally:

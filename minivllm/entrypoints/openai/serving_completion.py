@@ -11,70 +11,119 @@ vllm/entrypoints/openai/completion/serving.py.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import AsyncGenerator, AsyncIterator
 
-from minivllm.engine.output_processor import RequestOutput
+from msgspec import UNSET
+
+from minivllm.engine.output_processor import CompletionOutput, RequestOutput, TokenLogprobs
+from minivllm.entrypoints.openai.logprobs import (check_num_logprobs, completion_logprobs,
+                                                  first_answer)
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE, OpenAIError, OpenAIServing, collect_final, openai_finish_reason, random_id, sse, usage)
+    SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason,
+    random_id, sse)
 from minivllm.utils import tracing
 
 
+@dataclass
+class Prepared:
+    """A request after tokenizing: what every choice of it shares."""
+
+    model: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+    num_logprobs: int | None
+    texts: list[str]  # with echo: each prompt's text
+    prompt_logprobs: list[list[TokenLogprobs | None]] = field(default_factory=list)
+
+
 class OpenAIServingCompletion(OpenAIServing):
-    def prepare(self, request: CompletionRequest) -> tuple[str, list[list[int]], list[int]]:
-        model = self.check_model(request)
+    def prepare(self, request: CompletionRequest) -> Prepared:
+        model = self.check_request(request)
+        num_logprobs = check_num_logprobs(request.logprobs, self.vocab_size, "logprobs")
         prompts: list[list[int]] = []
         with tracing.span("tokenize"):
             for p in request.prompts():
+                if isinstance(p, str):
+                    self.check_text_length(len(p))
                 prompts.append(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
         if not prompts:
             raise OpenAIError("the prompt list is empty", param="prompt")
         max_tokens = [self.check_prompt(ids, request.requested_max_tokens(), "prompt")
                       for ids in prompts]
-        return model, prompts, max_tokens
+        texts = [p if isinstance(p, str) else self.tokenizer.decode(p, False)
+                 for p in request.prompts()] if request.echo else []
+        return Prepared(model, prompts, max_tokens, num_logprobs, texts)
 
     async def create_completion(self, request: CompletionRequest
                                 ) -> CompletionResponse | AsyncGenerator[bytes, None]:
-        model, prompts, max_tokens = self.prepare(request)
+        prep = await self.run_sync(self.prepare, request)
+        if request.echo and prep.num_logprobs is not None:
+            prep.prompt_logprobs = [await self.score_prompt(ids, prep.num_logprobs)
+                                    for ids in prep.prompts]
         request_id = random_id("cmpl")
-        results = self.fan_out(prompts, request, max_tokens, request_id)
-        num_prompt = sum(map(len, prompts)) * request.n
+        results = self.fan_out(prep.prompts, request, prep.max_tokens, request_id,
+                               prep.num_logprobs)
+        counter = UsageCounter(list(map(len, prep.prompts)), request.n)
         if request.stream:
-            return self.stream(request, results, request_id, model, num_prompt,
-                               len(prompts) * request.n)
-        return await self.full(results, request_id, model, num_prompt)
+            return self.stream(request, results, request_id, prep, counter)
+        return await self.full(request, results, request_id, prep, counter)
 
-    async def full(self, results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                   model: str, num_prompt: int) -> CompletionResponse:
+    async def score_prompt(self, token_ids: list[int], num: int) -> list[TokenLogprobs | None]:
+        """Each prompt token's logprobs, from one pass of the model over the prompt."""
+        answers = await self.engine.collective_rpc("prompt_logprobs", (token_ids, num))
+        return [None if lp is None else tuple(lp) for lp in first_answer(answers)]
+
+    def choice(self, request: CompletionRequest, prep: Prepared, i: int, c: CompletionOutput,
+               sent_chars: int, sent_tokens: int, finish: str | None) -> CompletionChoice:
+        """Choice i's text and logprobs from what was sent so far on: all of it for a whole
+        response (sent 0), the new part for a stream; with echo, the prompt comes first."""
+        prompt = i // request.n
+        echo = request.echo and sent_chars == 0 and sent_tokens == 0
+        text = (prep.texts[prompt] if echo else "") + c.text[sent_chars:]
+        logprobs = None
+        if prep.num_logprobs is not None:
+            ids, lps = c.token_ids[sent_tokens:], c.logprobs[sent_tokens:]
+            offset = sent_chars + (len(prep.texts[prompt]) if request.echo and not echo else 0)
+            if echo:
+                ids, lps = prep.prompts[prompt] + ids, prep.prompt_logprobs[prompt] + lps
+            logprobs = completion_logprobs(self.token_namer(request), ids, lps, prep.num_logprobs,
+                                           offset)
+        return CompletionChoice(i, text, finish, logprobs)
+
+    async def full(self, request: CompletionRequest,
+                   results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
+                   prep: Prepared, counter: UsageCounter) -> CompletionResponse:
         final = await collect_final(results)
-        choices = [CompletionChoice(i, final[i].outputs[0].text,
-                                    openai_finish_reason(final[i].outputs[0]))
-                   for i in sorted(final)]
-        completion = sum(len(o.outputs[0].token_ids) for o in final.values())
-        return CompletionResponse(request_id, model, int(time.time()), choices,
-                                  usage(num_prompt, completion))
+        choices = [self.choice(request, prep, i, final[i].outputs[0], 0, 0,
+                               openai_finish_reason(final[i].outputs[0])) for i in sorted(final)]
+        for i, out in final.items():
+            counter.update(i, len(out.outputs[0].token_ids))
+        return CompletionResponse(request_id, prep.model, int(time.time()), choices,
+                                  counter.total())
 
     async def stream(self, request: CompletionRequest,
                      results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-                     model: str, num_prompt: int, num_choices: int
-                     ) -> AsyncGenerator[bytes, None]:
+                     prep: Prepared, counter: UsageCounter) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        continuous = request.continuous_usage()
         try:
-            sent = [0] * num_choices
-            completion = 0
+            sent = [0] * len(counter.completion)  # characters of each choice already sent
+            sent_tokens = [0] * len(counter.completion)
             async for i, out in results:
                 c = out.outputs[0]
+                counter.update(i, len(c.token_ids))
                 finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
-                    choice = CompletionChoice(i, c.text[sent[i]:], finish)
-                    sent[i] = len(c.text)
-                    yield sse(CompletionResponse(request_id, model, created, [choice]))
-                if out.finished:
-                    completion += len(c.token_ids)
+                    choice = self.choice(request, prep, i, c, sent[i], sent_tokens[i], finish)
+                    sent[i], sent_tokens[i] = len(c.text), len(c.token_ids)
+                    yield sse(CompletionResponse(request_id, prep.model, created, [choice],
+                                                 counter.choice(i) if continuous else UNSET))
             if request.include_usage():
-                yield sse(CompletionResponse(request_id, model, created, [],
-                                             usage(num_prompt, completion)))
+                yield sse(CompletionResponse(request_id, prep.model, created, [],
+                                             counter.total()))
         except Exception as e:  # the engine died or failed: say so in the stream, then end it
             yield sse(OpenAIError.from_exception(e).error_response())
         finally:

@@ -7,6 +7,10 @@ engine 500 InternalServerError (and /health 503). In vLLM: create_error_response
 vllm/entrypoints/serve/exception_handling/error_response.py:14-104; the context-length check,
 vllm/renderers/params.py:537-551; max_tokens clamped to the room left,
 vllm/entrypoints/serve/utils/api_utils.py:234-271.
+
+Tokenizing runs on a worker thread, never on the event loop: one huge prompt must not stall
+every stream and /health. A text longer than the context could hold even at the longest token
+is refused before tokenizing (vLLM: _text_len_check, vllm/renderers/params.py:394).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, TypeVar
 
 import numpy as np
 import pydantic
@@ -95,22 +100,75 @@ def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
     return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
 
 
+class UsageCounter:
+    """Usage as OpenAI and vLLM count it: each prompt's tokens once, however many choices it
+    has (n), and every choice's completion tokens (vLLM: completion/serving.py:500 and :660,
+    chat_completion/serving.py:837). Choice i belongs to prompt i // n."""
+
+    def __init__(self, prompt_lens: list[int], n: int) -> None:
+        self.prompt_lens, self.n = prompt_lens, n
+        self.completion = [0] * (len(prompt_lens) * n)
+
+    def update(self, choice: int, num_tokens: int) -> None:
+        self.completion[choice] = num_tokens
+
+    def choice(self, i: int) -> UsageInfo:
+        """One choice's usage so far: stream_options.continuous_usage_stats puts it on each
+        of its chunks."""
+        return usage(self.prompt_lens[i // self.n], self.completion[i])
+
+    def total(self) -> UsageInfo:
+        return usage(sum(self.prompt_lens), sum(self.completion))
+
+
+T = TypeVar("T")
+
+
 class OpenAIServing:
-    def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics,
+                 executor: ThreadPoolExecutor) -> None:
         self.engine = engine  # AsyncLLM
+        self.executor = executor  # where requests are parsed and tokenized, off the event loop
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.config.max_model_len
         self.vocab_size: int = engine.config.model_config.vocab_size
         self.served_model_names = served_model_names
         self.metrics = metrics
 
-    def check_model(self, request: SamplingFields) -> str:
-        """The model name to echo back; 404 for a name this server does not serve."""
+    def check_request(self, request: SamplingFields) -> str:
+        """The model name to echo back; 404 for a name this server does not serve; 400 for
+        fields that contradict each other or the model."""
+        if request.stream_options is not None and not request.stream:  # vLLM's same 400
+            raise OpenAIError("Stream options can only be defined when `stream=True`.",
+                              param="stream_options")
+        bad = [t for t in request.stop_token_ids or () if not 0 <= t < self.vocab_size]
+        if bad:
+            raise OpenAIError(f"stop_token_ids must be token ids in [0, {self.vocab_size}) "
+                              f"(this model's vocabulary); got {bad[:5]}",
+                              param="stop_token_ids")
         if request.model is None or request.model in self.served_model_names:
             return self.served_model_names[0]
         raise OpenAIError(f"The model `{request.model}` does not exist; this server serves "
                           f"{self.served_model_names}", HTTPStatus.NOT_FOUND, "NotFoundError",
                           "model")
+
+    def token_namer(self, request: SamplingFields) -> Any:
+        """What names a token in logprobs: the tokenizer, or None for "token_id:<id>"."""
+        return None if request.return_tokens_as_token_ids else self.tokenizer
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the tokenizing thread; the event loop serves everyone meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def check_text_length(self, num_chars: int) -> None:
+        """400 for a text too long for the context whatever its tokens: no tokenizing needed."""
+        max_chars = self.max_model_len * self.tokenizer.max_chars_per_token
+        if num_chars > max_chars:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {num_chars} characters (more than {max_chars} "
+                f"characters, which is the upper bound for {self.max_model_len} input tokens). "
+                f"Please reduce the length of the input prompt.", param="input_text")
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None,
                      what: str = "messages") -> int:
@@ -133,7 +191,8 @@ class OpenAIServing:
         return room if max_tokens is None else min(max_tokens, room)
 
     @staticmethod
-    def sampling_params(request: SamplingFields, max_tokens: int, choice: int) -> SamplingParams:
+    def sampling_params(request: SamplingFields, max_tokens: int, choice: int,
+                        logprobs: int | None = None) -> SamplingParams:
         """Choice i of n gets seed + i, so seeded choices are repeatable and still differ."""
         seed = request.seed
         if seed is not None and seed != -1 and choice:  # -1: vLLM's "no seed"
@@ -143,28 +202,40 @@ class OpenAIServing:
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=request.top_k or 0, seed=seed, max_tokens=max_tokens,
             stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
-            ignore_eos=request.ignore_eos)
+            ignore_eos=request.ignore_eos, logprobs=logprobs)
 
     async def generate(self, token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncGenerator[RequestOutput, None]:
-        """AsyncLLM.generate, timed for /metrics (TTFT, ITL, e2e, token counters)."""
+        """AsyncLLM.generate, timed and counted for /metrics: TTFT, ITL, e2e, tokens as they
+        come, and how the request ended (a consumer that leaves early: "abort")."""
         start = last = time.perf_counter()
         prompt = np.asarray(token_ids, dtype=np.int32)
-        num_prev = 0
-        async for out in self.engine.generate(prompt, params, request_id):
-            now = time.perf_counter()
-            num = len(out.outputs[0].token_ids)
-            if num > num_prev:
-                self.metrics.observe_tokens(num_prev == 0, now - last, now - start, num - num_prev)
-                num_prev, last = num, now
-            if out.finished:
-                self.metrics.observe_finished(len(token_ids), num, now - start)
-            yield out
+        num_prev, reason = 0, "abort"
+        try:
+            async for out in self.engine.generate(prompt, params, request_id):
+                now = time.perf_counter()
+                num = len(out.outputs[0].token_ids)
+                if num > num_prev:
+                    self.metrics.observe_tokens(0 if num_prev else len(token_ids), now - last,
+                                                now - start, num - num_prev)
+                    num_prev, last = num, now
+                if out.finished:
+                    reason = out.outputs[0].finish_reason or "abort"
+                    if reason in ("stop", "length"):
+                        self.metrics.observe_finished(now - start)
+                yield out
+        except Exception:
+            reason = "error"  # the engine refused or failed it, or died
+            raise
+        finally:
+            self.metrics.observe_ended(reason)
 
     def fan_out(self, prompts: list[list[int]], request: SamplingFields, max_tokens: list[int],
-                request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+                request_id: str, logprobs: int | None = None
+                ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """One engine request per (prompt, choice): choice index = prompt * n + choice."""
-        gens = [self.generate(ids, self.sampling_params(request, mt, j), f"{request_id}-{i}-{j}")
+        gens = [self.generate(ids, self.sampling_params(request, mt, j, logprobs),
+                              f"{request_id}-{i}-{j}")
                 for i, (ids, mt) in enumerate(zip(prompts, max_tokens))
                 for j in range(request.n)]
         return merge_async_iterators(gens)
