@@ -11,7 +11,6 @@ import time
 
 import psutil
 import pytest
-from tiny_model import make_tiny_model_dir
 
 from minivllm.distributed.parallel_state import get_open_port
 from minivllm.engine.config import EngineConfig
@@ -21,11 +20,6 @@ from minivllm.utils import netns_cluster
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = ["The capital of France is", "A paged KV cache"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 def headless(model: str, port: int, node_rank: int, nnodes: int = 3) -> subprocess.Popen:

@@ -25,7 +25,6 @@ import time
 
 import psutil
 import pytest
-from tiny_model import make_tiny_model_dir
 
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import SamplingParams
@@ -38,11 +37,6 @@ DRIVER = os.path.join(os.path.dirname(__file__), "multinode_driver.py")
 PORT = 29501  # each cluster has its own network: no other program holds it there
 DEAD_WITHIN_S = 60.0  # a hang check; the measured delay is printed (a few ms / ~4 s)
 RUN_TIMEOUT_S = 240.0
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture
