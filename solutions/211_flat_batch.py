@@ -19,6 +19,13 @@ def encode(batch: list[tuple[str, list[int]]]) -> list[bytes | memoryview]:
 def decode(frames) -> tuple[list[str], np.ndarray, list[int]]:
     """(request_ids, tokens viewing frame 1, offsets)."""
     ids, offsets = msgspec.msgpack.decode(frames[0])
+    if len(offsets) != len(ids) + 1:
+        raise ValueError(f"frame 0 has {len(offsets)} offsets for {len(ids)} requests; "
+                         "expected len(request_ids) + 1")
+    size = memoryview(frames[1]).nbytes
+    if size != 4 * offsets[-1]:
+        raise ValueError(f"frame 1 has {size} bytes but offsets[-1] = {offsets[-1]} tokens "
+                         f"need {4 * offsets[-1]}: the frames do not belong together")
     tokens = np.frombuffer(frames[1], dtype="<i4")  # a view: no copy
     return ids, tokens, offsets
 

@@ -8,9 +8,38 @@ import numpy as np
 from minivllm.judge.api import Fail, check_equal, test
 
 BATCH = [("a", [1, 2, 3]), ("b", []), ("c", [70000, 5])]
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+GENERATED_BATCHES = 300  # enough random shapes that every length 0..8 and every id edge occurs
+SEED = 211
 
 
-@test(input=f"batch={BATCH}")
+def ref_frames(batch) -> list[bytes]:
+    """The judge's own writer of the README's format, independent of the learner's."""
+    offsets = [0]
+    for _, tokens in batch:
+        offsets.append(offsets[-1] + len(tokens))
+    body = msgspec.msgpack.encode([[rid for rid, _ in batch], offsets])
+    return [body, b"".join(t.to_bytes(4, "little", signed=True) for _, ts in batch for t in ts)]
+
+
+def generated_batches(seed: int = SEED, count: int = GENERATED_BATCHES):
+    """Batches of 1-5 requests with 0-8 tokens each (empty ones often), ids over the whole
+    int32 range and its two ends, request ids that are empty, repeated or not ASCII."""
+    rng = np.random.default_rng(seed)
+    names = ["", "a", "req-é", "a", "0", "x" * 40]
+    for _ in range(count):
+        batch = []
+        for _ in range(int(rng.integers(1, 6))):
+            n = int(rng.integers(0, 9)) if rng.random() < 0.7 else 0
+            ids = rng.integers(INT32_MIN, INT32_MAX, n, endpoint=True).tolist()
+            if n and rng.random() < 0.3:
+                ids[int(rng.integers(0, n))] = [INT32_MIN, INT32_MAX, -1, 0][int(rng.integers(0, 4))]
+            batch.append((names[int(rng.integers(0, len(names)))], ids))
+        yield batch
+
+
+@test(input=f"batch={BATCH}, then {GENERATED_BATCHES} random batches (seed {SEED}) whose token "
+      "ids span int32, compared byte for byte with the judge's own writer")
 def frame_layout(impl):
     frames = impl.encode(BATCH)
     check_equal(len(frames), 2, "number of frames")
@@ -18,9 +47,40 @@ def frame_layout(impl):
                 "frame 0 decoded: [request_ids, offsets]")
     check_equal(bytes(frames[1]), np.array([1, 2, 3, 70000, 5], "<i4").tobytes(),
                 "frame 1: int32 little-endian token ids")
+    for batch in generated_batches():
+        want = ref_frames(batch)
+        try:
+            got = [bytes(f) for f in impl.encode(batch)]
+        except Exception as e:
+            raise Fail(f"encode raised {type(e).__name__}: {e}; every token id here fits int32, "
+                       "so the README requires it to encode", input=f"batch={batch}") from None
+        check_equal(msgspec.msgpack.decode(got[0]), msgspec.msgpack.decode(want[0]),
+                    "frame 0 decoded: [request_ids, offsets]", f"batch={batch}")
+        if got[1] != want[1]:
+            raise Fail("frame 1 is not every token id as little-endian int32, in order",
+                       expected=want[1].hex(), got=got[1].hex(), input=f"batch={batch}")
 
 
-@test(input="256 requests, every 16th with 512 tokens, the others with 1")
+@test(input="token ids 2**31-1 and -2**31 (the int32 ends), then 2**31, -2**31-1 and 2**40")
+def int32_range(impl):
+    edge = [("e", [INT32_MAX, INT32_MIN, 0])]
+    got = bytes(impl.encode(edge)[1])
+    check_equal(got, ref_frames(edge)[1], "frame 1 for the two ends of int32", str(edge))
+    for bad in (2**31, INT32_MIN - 1, 2**40):
+        batch = [("ok", [1, 2]), ("bad", [7, bad])]
+        try:
+            frames = impl.encode(batch)
+        except (OverflowError, ValueError):
+            continue
+        sent = np.frombuffer(bytes(frames[1]), "<i4").tolist()
+        raise Fail(f"token id {bad} does not fit int32: the README requires encode to raise "
+                   "OverflowError or ValueError, not to send another number",
+                   expected="OverflowError or ValueError", got=f"frame 1 holds {sent}",
+                   input=f"batch={batch}")
+
+
+@test(input="256 requests, every 16th with 512 tokens, the others with 1; then the judge's "
+      f"frames of {GENERATED_BATCHES} random batches decoded by your decode")
 def roundtrip(impl):
     rng = np.random.default_rng(0)
     batch = [(f"r{i}", rng.integers(0, 49152, 512 if i % 16 == 0 else 1).tolist())
@@ -32,6 +92,14 @@ def roundtrip(impl):
     check_equal(decoded[0], [r for r, _ in batch], "request ids")
     for i, (_, tokens) in enumerate(batch):
         check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})")
+    for batch in generated_batches(seed=SEED + 1):
+        decoded = impl.decode(ref_frames(batch))
+        check_equal(list(decoded[0]), [r for r, _ in batch], "request ids", f"batch={batch}")
+        check_equal(list(decoded[2]), msgspec.msgpack.decode(ref_frames(batch)[0])[1],
+                    "offsets", f"batch={batch}")
+        for i, (_, tokens) in enumerate(batch):
+            check_equal(impl.tokens_of(decoded, i).tolist(), tokens,
+                        f"tokens_of(decoded, {i}) of the judge's frames", f"batch={batch}")
 
 
 @test(input="batch=[]  and  batch=[('x', [])]")
@@ -42,7 +110,8 @@ def empty(impl):
         check_equal(len(decoded[1]), 0, "number of tokens", str(batch))
 
 
-@test(input="decode of frames [body, bytearray of 1000 tokens]")
+@test(input="decode of frames [body, bytearray of 1000 tokens], then tokens_of(decoded, 1) "
+      "of a batch of three")
 def zero_copy(impl):
     frames = impl.encode([("a", list(range(1000)))])
     frame1 = bytearray(frames[1])
@@ -53,3 +122,33 @@ def zero_copy(impl):
     if not np.shares_memory(tokens, np.frombuffer(frame1, np.uint8)):
         raise Fail("decode copied the token ids: wrap frame 1 with np.frombuffer instead",
                    expected="a view of frame 1", got="an array with its own memory")
+    frames = ref_frames([("a", [1]), ("b", [2, 3, 4]), ("c", [5])])
+    frame1 = bytearray(frames[1])
+    decoded = impl.decode([frames[0], frame1])
+    part = impl.tokens_of(decoded, 1)
+    if not isinstance(part, np.ndarray) or not np.shares_memory(part, np.frombuffer(frame1, np.uint8)):
+        raise Fail("tokens_of copied request 1's tokens: the README requires a slice of tokens "
+                   "(tokens[offsets[i]:offsets[i+1]]), a view of frame 1",
+                   expected="a view of frame 1", got=f"{type(part).__name__} with its own memory")
+
+
+@test(input="frame 1 with one token more, then one token fewer, than offsets[-1]; then offsets "
+      "one short of len(request_ids) + 1 (every size a multiple of 4)")
+def decode_checks_sizes(impl):
+    batch = [("a", [1, 2]), ("b", [3])]
+    body, data = ref_frames(batch)
+    short_offsets = msgspec.msgpack.encode([["a", "b"], [0, 3]])
+    cases = [("frame 1 with 4 tokens for offsets[-1] == 3", [body, data + bytes(4)]),
+             ("frame 1 with 2 tokens for offsets[-1] == 3", [body, data[:-4]]),
+             ("offsets [0, 3] for request ids ['a', 'b']", [short_offsets, data])]
+    for what, frames in cases:
+        try:
+            impl.decode(frames)
+        except ValueError:
+            continue
+        except Exception as e:
+            raise Fail(f"decode of {what} raised {type(e).__name__}; the README requires "
+                       "ValueError", expected="ValueError", got=repr(e)) from None
+        raise Fail(f"decode accepted {what}: the README requires ValueError when frame 1 is "
+                   "not exactly 4 * offsets[-1] bytes or offsets is not len(request_ids) + 1 "
+                   "long", expected="ValueError", got="no error", input=what)

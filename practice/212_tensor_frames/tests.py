@@ -57,17 +57,49 @@ def out_of_band_wire_format(impl):
     if not np.shares_memory(np.frombuffer(frames[1], np.uint8), arr):
         raise Fail("encode copied a contiguous array: frame 1 must view the array's memory",
                    expected="a view (np.shares_memory is True)", got="a copy")
-    two = impl.TensorEncoder().encode({"a": arr, "b": [np.ones(64, "<i8"), np.zeros(2, "u1")]})
+    ones = np.ones(512, "u1")
+    two = impl.TensorEncoder().encode({"a": arr, "b": [ones, np.zeros(2, "u1")]})
     check_equal(len(two), 3, "frames for {'a': 8000 B, 'b': [512 B, 2 B]}")
+    body = msgspec.msgpack.decode(bytes(two[0]))
+    check_equal([body["a"].code, msgspec.msgpack.decode(bytes(body["a"].data))[2],
+                 body["b"][0].code, msgspec.msgpack.decode(bytes(body["b"][0].data))[2],
+                 body["b"][1].code], [impl.EXT_OOB, 1, impl.EXT_OOB, 2, impl.EXT_INLINE],
+                "[code, frame index] of 'a', [code, frame index] of 'b'[0], code of 'b'[1]",
+                "{'a': 8000 B, 'b': [512 B, 2 B]}")
+    check_equal([bytes(two[1]) == arr.tobytes(), bytes(two[2]) == ones.tobytes()], [True, True],
+                "frame 1 holds 'a' and frame 2 holds 'b'[0]", "{'a': 8000 B, 'b': [512 B, 2 B]}")
 
 
-@test(input="threshold=256: arrays of 255, 256 and 257 bytes (uint8); threshold=64: 63 and 64")
+@test(input="encode(object()), encode(np.array([object()])), encode(np.array(['ab'])), "
+      "encode(np.array([1], 'M8[s]')), each inside a dict")
+def unsupported_raise_type_error(impl):
+    cases = [("object()", object()), ("an object array", np.array([object()], dtype=object)),
+             ("a str array '<U2'", np.array(["ab"])),
+             ("a datetime64 array", np.array([1], dtype="M8[s]"))]
+    for name, obj in cases:
+        try:
+            frames = impl.TensorEncoder().encode({"x": obj})
+        except TypeError:
+            continue
+        except Exception as e:
+            raise Fail(f"encode of {name} raised {type(e).__name__}; the README requires TypeError",
+                       expected="TypeError", got=repr(e), input=name) from None
+        raise Fail(f"encode accepted {name}: only dtype.kind in 'biufc' may be sent (an object "
+                   "array's bytes are pointers); anything else raises TypeError",
+                   expected="TypeError", got=f"{len(frames)} frames", input=name)
+
+
+@test(input="threshold=256: arrays of 255, 256 and 257 bytes (uint8); threshold=64: 63 and 64; "
+      "threshold=256: 63 and 64 int32 (252 and 256 bytes), 3 x 2 x 16 float32 (384 bytes)")
 def threshold_boundary(impl):
-    for threshold, n, want in [(256, 255, 1), (256, 256, 2), (256, 257, 2), (64, 63, 1),
-                               (64, 64, 2)]:
-        frames = impl.TensorEncoder(threshold).encode(np.zeros(n, np.uint8))
-        check_equal(len(frames), want, f"frames for {n} bytes (inline below the threshold, "
-                    "out of band at or above it)", f"threshold={threshold}, {n} bytes")
+    for threshold, arr, want in [(256, np.zeros(255, np.uint8), 1), (256, np.zeros(256, np.uint8), 2),
+                                 (256, np.zeros(257, np.uint8), 2), (64, np.zeros(63, np.uint8), 1),
+                                 (64, np.zeros(64, np.uint8), 2), (256, np.zeros(63, "<i4"), 1),
+                                 (256, np.zeros(64, "<i4"), 2), (256, np.zeros((3, 2, 16), "<f4"), 2)]:
+        frames = impl.TensorEncoder(threshold).encode(arr)
+        where = f"threshold={threshold}, {arr.dtype} {arr.shape}: {arr.nbytes} bytes, {arr.size} elements"
+        check_equal(len(frames), want, f"frames for {arr.nbytes} bytes (inline below the threshold "
+                    "in bytes, out of band at or above it)", where)
 
 
 def _samples() -> list[tuple[str, np.ndarray]]:
@@ -92,6 +124,8 @@ def roundtrip_many(impl):
     enc, dec = impl.TensorEncoder(), impl.TensorDecoder()
     for name, arr in samples:
         frames = enc.encode(arr)
+        check_equal(len(frames), 1 + (arr.nbytes >= 256), f"frames for {arr.nbytes} bytes from an "
+                    "encoder used before (each message starts with no extra frames)", f"{name} array")
         _same(dec.decode([bytes(f) for f in frames]), arr, "round trip", f"{name} array")
     msg = {"ids": [a for _, a in samples[:12]], "step": 7, "name": "batch"}
     got = dec.decode([bytes(f) for f in enc.encode(msg)])
@@ -105,7 +139,9 @@ def non_contiguous(impl):
     base = np.arange(24 * 40, dtype="<i4").reshape(24, 40)
     cases = [("base.T", base.T), ("base[::3, 1::2]", base[::3, 1::2]),
              ("base[::-1]", base[::-1]), ("np.asfortranarray(base)", np.asfortranarray(base)),
-             ("base[:2, ::7] (small: inline)", base[:2, ::7])]
+             ("base[:2, ::7] (small: inline)", base[:2, ::7]),
+             ("3-D transpose(2, 0, 1)", base.reshape(4, 6, 40).transpose(2, 0, 1)),
+             ("3-D [:, ::2, 1:]", base.reshape(4, 6, 40)[:, ::2, 1:])]
     enc, dec = impl.TensorEncoder(), impl.TensorDecoder()
     for name, arr in cases:
         _same(dec.decode([bytes(f) for f in enc.encode(arr)]), arr, "round trip", name)
@@ -121,6 +157,36 @@ def zero_copy_decode(impl):
     if not np.shares_memory(got, np.frombuffer(frame1, np.uint8)):
         raise Fail("decode copied the out-of-band frame: wrap it with np.frombuffer instead",
                    expected="a view of frame 1", got="an array with its own memory")
+
+
+@test(input="the judge's message [A, B] whose headers point at frames 2 and 1, then a frame "
+      "that is a 2-D memoryview (10 x 100 float64), as an encoder that sends arr.data makes")
+def decode_follows_frame_index(impl):
+    enc = msgspec.msgpack.encode
+    a, b = np.arange(40, dtype="<i8"), np.arange(100, 120, dtype="<i4")
+    body = enc([msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i8", [40], 2])),
+                msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i4", [20], 1]))])
+    where = "[Ext(OOB, ['<i8', [40], 2]), Ext(OOB, ['<i4', [20], 1])], frames 1 and 2"
+    try:
+        got = impl.TensorDecoder().decode([body, b.tobytes(), a.tobytes()])
+    except impl.DecodeError as e:
+        raise Fail("decode refused a valid message whose headers point at frames 2 then 1: take "
+                   "each array from the frame its header names", expected="[A, B]",
+                   got=f"DecodeError: {e}", input=where) from None
+    _same(got[0], a, "element 0 (frame 2)", where)
+    _same(got[1], b, "element 1 (frame 1)", where)
+    arr = np.arange(1000, dtype="<f8").reshape(10, 100)
+    body = enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<f8", [10, 100], 1])))
+    frame = memoryview(arr)  # 2-D: len(frame) is 10 rows, frame.nbytes is 8,000 bytes
+    try:
+        got = impl.TensorDecoder().decode([body, frame])
+    except impl.DecodeError as e:
+        raise Fail("decode refused a valid frame that is a 2-D memoryview: count its bytes with "
+                   "memoryview(frame).nbytes, not len(frame) (its first dimension)",
+                   expected="the 10 x 100 array", got=f"DecodeError: {e}") from None
+    _same(got, arr, "round trip", "frame 1 = memoryview of a (10, 100) float64 array")
+    if not np.shares_memory(got, arr):
+        raise Fail("decode copied a 2-D memoryview frame", expected="a view", got="a copy")
 
 
 @test(input="a 1 MiB array sent over a zmq PAIR (inproc://), recv_multipart(copy=False)")
@@ -145,6 +211,18 @@ def zero_copy_through_zmq(impl):
         ctx.term()
 
 
+def _body_as_frame() -> list[bytes]:
+    """A body whose one ext value points at frame 0, the body itself, with a uint8 shape of
+    exactly the body's length: only a frame-index check can refuse it."""
+    enc = msgspec.msgpack.encode
+    n = 1
+    while True:
+        body = enc(msgspec.msgpack.Ext(2, enc(["|u1", [n], 0])))
+        if len(body) == n:
+            return [body]
+        n = len(body)
+
+
 def _crafted(impl) -> list[tuple[str, list]]:
     enc = msgspec.msgpack.encode
     head = enc(["<i4", [3]])
@@ -162,11 +240,21 @@ def _crafted(impl) -> list[tuple[str, list]]:
         ("out of band, frame 1 missing", [bytes(big[0])]),
         ("out of band, frame index 5 of 2", [enc(msgspec.msgpack.Ext(
             impl.EXT_OOB, enc(["<i8", [100], 5]))), bytes(800)]),
-        ("out of band, frame index 0 (the body)", [enc(msgspec.msgpack.Ext(
-            impl.EXT_OOB, enc(["<i8", [0], 0])))]),
+        ("out of band, frame index 0 (the body), a shape that fits the body", _body_as_frame()),
+        ("out of band, frame index -1 (the last frame)", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<i8", [100], -1]))), bytes(800)]),
         ("out of band, 799 bytes for 100 x <i8", [bytes(big[0]), bytes(799)]),
+        ("out of band, 808 bytes for 100 x <i8 (one element too many)", [bytes(big[0]), bytes(808)]),
+        ("inline, 16 bytes for 3 x <i4 (one element too many)",
+         [enc(msgspec.msgpack.Ext(impl.EXT_INLINE, inline + bytes(4)))]),
         ("negative shape", [enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i8", [-100], 1]))),
                             bytes(800)]),
+        ("shape [-1] (numpy would infer it)", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<i8", [-1], 1]))), bytes(800)]),
+        ("datetime dtype '<M8[s]'", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<M8[s]", [100], 1]))), bytes(800)]),
+        ("str dtype '<U2'", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<U2", [100], 1]))), bytes(800)]),
         ("dtype 'banana'", [enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc(["banana", [1], 1]))),
                             bytes(8)]),
         ("header is a string", [enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc("x"))), bytes(8)]),
@@ -200,5 +288,5 @@ def garbage_raises_decode_error(impl):
         else:
             if name.startswith(("random", "corrupted")):
                 continue  # some random bytes are a valid message by chance
-            raise Fail("decode accepted a bad message", expected="DecodeError",
+            raise Fail(f"decode accepted a bad message: {name}", expected="DecodeError",
                        got="no error", input=name)

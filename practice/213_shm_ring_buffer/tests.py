@@ -259,6 +259,13 @@ def cleanup(impl):
     other = impl.ShmRing(2, 4, 64, name=owner.name)
     if bytes(other.shm.buf[:impl.buffer_size(2, 4, 64)]) != bytes(impl.buffer_size(2, 4, 64)):
         raise Fail("a new ring must start zeroed (all flags 0)", input="ShmRing(2, 4, 64)")
+    other.unlink()  # the README: unlink() removes the segment only in the creator
+    if not os.path.exists(f"/dev/shm/{name}"):
+        owner.close()
+        raise Fail(f"unlink() on a ring attached by name removed /dev/shm/{name}: only the "
+                   "creator may unlink; a non-creator's unlink() removes the creator's segment "
+                   "under every process that has yet to attach", input="ShmRing(2, 4, 64, "
+                   "name=owner.name).unlink()")
     other.close()
     owner.close()
     with open("/proc/self/maps") as f:
@@ -300,7 +307,8 @@ def _reader_process(module_name, name, r, n, c, b, seed, count, slow, conn):
 
 
 @test(input="1, 2 and 4 reader processes (with 4, reader 1 falls behind now and then), "
-            "3,000 messages of 0 to 60 bytes, 4 chunks of 64 bytes",
+            "3,000 messages of 0 to 60 bytes, 4 chunks of 64 bytes, the first 4 written before "
+            "the readers attach",
       timeout=120, hang="A reader or the writer waited forever: a flag that is never set or reset.")
 def processes(impl):
     ctx = mp.get_context("fork")
@@ -313,10 +321,13 @@ def processes(impl):
                              args=(impl.__name__, owner.name, r, n, c, b, n, count, r == slow,
                                    pipes[r][1]))
                  for r in range(n)]
+        msgs, writer, lost = _messages(n, count, b - HEADER), owner.writer(), None
+        for k in range(c):  # the ring is full before any reader attaches, as a late worker finds it
+            if not writer.try_write(msgs[k]):
+                raise Fail(f"try_write of message {k} into an empty ring returned False")
         for p in procs:
             p.start()
-        writer, lost = owner.writer(), None
-        for k, m in enumerate(_messages(n, count, b - HEADER)):
+        for k, m in enumerate(msgs[c:], start=c):
             deadline = time.monotonic() + PROCESS_WAIT_S
             while not writer.try_write(m):
                 if time.monotonic() > deadline or any(conn.poll() for conn, _ in pipes):
@@ -335,7 +346,10 @@ def processes(impl):
         where = f"{n} reader process(es), {count} messages" + (", reader 1 slow" if n == 4 else "")
         for r, rep in problems:
             k, got, want = rep if rep != "no report" else ("?", "no report", "a report")
-            raise Fail(f"reader {r} got a wrong message {k}", expected=want, got=got, input=where)
+            late = (" (the writer filled the ring before the readers attached: attaching by name "
+                    "must not reset the segment)") if isinstance(k, int) and k < c else ""
+            raise Fail(f"reader {r} got a wrong message {k}{late}", expected=want, got=got,
+                       input=where)
         if lost is not None:
             raise Fail(f"timed out: the writer waited {PROCESS_WAIT_S:g} s for chunk "
                        f"{lost % c} to be read by every reader (message {lost}). A reader never "

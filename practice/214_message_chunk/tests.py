@@ -40,13 +40,18 @@ def exact_fit(impl):
     check_equal(impl.unpack(chunk), exact, "unpack of the exactly full chunk")
     big = [bytes(58)]
     check_equal(impl.fits(big, 64), False, "fits(one 58-byte frame, 64)")
-    chunk = bytearray(64)
+    chunk = bytearray(b"\xee" * 64)
     check_equal(impl.pack_into(chunk, big), False, "pack_into of a message one byte too big")
     check_equal(chunk[0], 1, "byte 0 after an overflow (the OVERFLOW marker)")
+    if chunk[1:] != b"\xee" * 63:
+        raise Fail("an overflow must write only byte 0 (the marker); pack_into also changed "
+                   "bytes 1..63 of a chunk that held 0xee", expected=b"\xee" * 8,
+                   got=bytes(chunk[1:9]), input="one 58-byte frame into a 64-byte chunk")
     check_equal(impl.unpack(chunk), None, "unpack of an overflow marker")
 
 
-@test(input="frames: memoryview(array('i', range(10))) (40 bytes, 10 items) and b'z'")
+@test(input="frames: memoryview(array('i', range(10))) (40 bytes, 10 items) and b'z'; then "
+      "2-D memoryviews: bytes shaped (3, 4) and int32 shaped (2, 3)")
 def multibyte_frames(impl):
     ints = array.array("i", range(10))
     frames = [memoryview(ints), b"z"]
@@ -60,6 +65,18 @@ def multibyte_frames(impl):
                    expected=want, got=bytes(chunk[:len(want)]))
     got = impl.unpack(chunk)
     check_equal([bytes(f) for f in got], [ints.tobytes(), b"z"], "unpack of the multi-byte frames")
+    two_d = [memoryview(bytearray(range(12))).cast("B", (3, 4)),
+             memoryview(array.array("i", range(6))).cast("B").cast("i", (2, 3))]
+    chunk = memoryview(bytearray(64))  # a memoryview, like a shared-memory chunk
+    try:
+        packed = impl.pack_into(chunk, two_d)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise Fail("pack_into cannot write a 2-D memoryview frame: cast every frame to flat "
+                   "bytes with memoryview(frame).cast('B'), whatever its format and shape",
+                   expected="True", got=f"{type(e).__name__}: {e}") from None
+    check_equal(packed, True, "pack_into of two 2-D frames (12 + 24 bytes)")
+    want = _packed(two_d)
+    check_equal(bytes(chunk[:len(want)]), want, "the packed bytes of two 2-D frames")
 
 
 @test(input="unpack a chunk, then overwrite the chunk with the next message")
@@ -75,13 +92,21 @@ def copy_out(impl):
                    expected=[b"first message"], got=got)
 
 
-@test(input="70,000 empty frames, a 1 MiB chunk")
+@test(input="65,535 empty frames (the most a u16 counts), then 65,536 and 70,000, a 1 MiB chunk")
 def too_many_frames(impl):
-    frames = [b""] * 70_000
-    check_equal(impl.fits(frames, 1 << 20), False, "fits(70,000 frames): the count is a u16 (<= 65,535)")
+    most = [b""] * 65_535
+    check_equal(impl.fits(most, 1 << 20), True, "fits(65,535 frames): the u16 count holds 65,535")
     chunk = bytearray(1 << 20)
-    check_equal(impl.pack_into(chunk, frames), False, "pack_into(70,000 frames)")
-    check_equal(chunk[0], 1, "byte 0 after that overflow")
+    check_equal(impl.pack_into(chunk, most), True, "pack_into(65,535 empty frames)")
+    check_equal(bytes(chunk[:3]), b"\x00\xff\xff", "byte 0 and the u16 count for 65,535 frames")
+    check_equal(len(impl.unpack(chunk)), 65_535, "frames unpacked from 65,535")
+    for n in (65_536, 70_000):
+        frames = [b""] * n
+        check_equal(impl.fits(frames, 1 << 20), False, f"fits({n:,} frames): the count is a u16 "
+                    "(<= 65,535)")
+        chunk = bytearray(1 << 20)
+        check_equal(impl.pack_into(chunk, frames), False, f"pack_into({n:,} frames)")
+        check_equal(chunk[0], 1, f"byte 0 after the overflow of {n:,} frames")
 
 
 def _messages(count: int, chunk_bytes: int) -> list[list[bytes]]:
@@ -91,7 +116,7 @@ def _messages(count: int, chunk_bytes: int) -> list[list[bytes]]:
             for _ in range(count)]
 
 
-def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, report):
+def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, status, report):
     from minivllm.distributed.shm_ring import ShmRingBuffer
     import time
 
@@ -106,10 +131,15 @@ def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, report):
         finally:
             view.release()
         ring.end_read(idx, 0)
-        if frames is None:
+        marker = frames is None
+        packed = status.recv() if status.poll(RING_WAIT_S) else None  # what pack_into returned
+        if marker and packed:
+            problem = (i, [], [len(f) for f in want], marker)
+            break
+        if marker:
             frames = pipe.recv() if pipe.poll(RING_WAIT_S) else "nothing on the pipe"
         if [bytes(f) for f in frames] != want:
-            problem = (i, [len(f) for f in frames], [len(f) for f in want])
+            problem = (i, [len(f) for f in frames], [len(f) for f in want], marker)
             break
     ring.close()
     report.send(problem)
@@ -127,23 +157,30 @@ def through_the_ring(impl):
     ctx = mp.get_context("fork")
     pipe_rx, pipe_tx = ctx.Pipe(duplex=False)
     report_rx, report_tx = ctx.Pipe(duplex=False)
+    status_rx, status_tx = ctx.Pipe(duplex=False)  # the judge's own: pack_into's result per message
     proc = ctx.Process(target=_reader, args=(impl, ring.name, n_chunks, chunk_bytes, count,
-                                              pipe_rx, report_tx))
+                                              pipe_rx, status_rx, report_tx))
     proc.start()
     try:
+        overflowed = set()
         for i, frames in enumerate(_messages(count, chunk_bytes)):
             idx, deadline = i % n_chunks, time.monotonic() + RING_WAIT_S
-            while not ring.writable(idx):
-                if time.monotonic() > deadline or not proc.is_alive():
+            while not ring.writable(idx) and not report_rx.poll():  # a report: the reader is done
+                stopped = time.monotonic() > deadline or not proc.is_alive()
+                if stopped and not report_rx.poll():  # it reports before it exits
                     raise Fail(f"the reader stopped reading at message {i - n_chunks}")
                 time.sleep(0.0001)
+            if report_rx.poll():
+                break
             view = ring.begin_write(idx)
             try:
                 packed = impl.pack_into(view, frames)
             finally:
                 view.release()
             ring.end_write(idx)
+            status_tx.send(packed)
             if not packed:
+                overflowed.add(i)
                 pipe_tx.send(frames)
         problem = report_rx.recv() if report_rx.poll(RING_WAIT_S) else "no report from the reader"
     finally:
@@ -155,6 +192,11 @@ def through_the_ring(impl):
     if problem is not None:
         if isinstance(problem, str):
             raise Fail(problem)
-        i, got, want = problem
+        i, got, want, marker = problem
+        where = f"{count} messages through a {n_chunks}-chunk ring, chunk {i % n_chunks}"
+        if marker and i not in overflowed:
+            raise Fail(f"message {i}: pack_into returned True, but the reader found the OVERFLOW "
+                       "marker in byte 0: a chunk reused after an overflow must get byte 0 = 0 "
+                       "again when a message fits", expected=want, got=got, input=where)
         raise Fail(f"message {i} arrived wrong (frame lengths shown)", expected=want, got=got,
-                   input=f"{count} messages through a {n_chunks}-chunk ring")
+                   input=where)

@@ -141,14 +141,21 @@ def new_then_delta(impl):
     check_equal(_cached(out), {"r0": ([7], [2], 5, False)},
                 "step 2: the cached part {req_id: (new_token_ids, new_block_ids, "
                 "num_computed_tokens, resumed)}: only what the workers have not seen")
+    check_equal(out.num_scheduled_tokens, {"r0": 1, "r1": 4},
+                "step 2: num_scheduled_tokens (every scheduled request, cached ones too)")
     out = _step(impl, enc, worker, [_req(impl, "r1", [1] * 10, [], [3], 4, 4)])
     check_equal(_cached(out), {"r1": ([], [], 4, False)},
                 "step 3: a prefill chunk that adds no token and no block")
-    out = _step(impl, enc, worker, [_req(impl, "r0", p, [7, 8, 9, 10], [0, 1, 2], 6, 3)])
+    out = _step(impl, enc, worker, [_req(impl, "r0", p, [7, 8, 9, 10], [0, 1, 2], 6, 3),
+                                    _req(impl, "r2", p, [], [0, 4], 4, 1)])
     check_equal(_cached(out), {"r0": ([8, 9, 10], [], 6, False)},
                 "step 4: r0 gained 3 tokens since it was last sent (all three are new)")
+    check_equal([(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs], [("r2", 4)],
+                "step 4: the new r2 starts with 4 tokens computed (a prefix-cache hit): "
+                "NewRequestData carries the request's num_computed_tokens")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [7, 8, 9, 10], [0, 1, 2], 6),
-                           "r1": ([1] * 10, (0.5, 0.9, 16), [], [3], 4)}, "after step 4")
+                           "r1": ([1] * 10, (0.5, 0.9, 16), [], [3], 4),
+                           "r2": (p, (0.5, 0.9, 16), [], [0, 4], 4)}, "after step 4")
 
 
 @test(input="r0 and r1 run; r0 finishes; an abort of 'ghost', never scheduled; r0's id reused "
@@ -164,7 +171,9 @@ def finish_and_forget(impl):
     _check_worker(worker, {"r1": ([3, 4], (0.5, 0.9, 16), [6, 8], [1], 3)},
                   "after r0 finished and 'ghost' (unknown to the worker) was aborted")
     check_equal(enc.num_tracked(), 1, "num_tracked() after r0 finished (forget finished ids)")
-    _step(impl, enc, worker, [_req(impl, "r1", [3, 4], [6, 8, 9], [1, 2], 4, 1)])
+    out = _step(impl, enc, worker, [_req(impl, "r1", [3, 4], [6, 8, 9], [1, 2], 4, 1)])
+    check_equal(out.finished_req_ids, [], "finished_req_ids of the step after r0 and 'ghost' "
+                "went out (each id goes out once, in the output make_output received it for)")
     out = _step(impl, enc, worker, [_req(impl, "r0", [42], [], [0], 0, 1)])
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "scheduled_new_reqs when the finished id r0 comes back as a new request")
@@ -267,7 +276,9 @@ class Sim:
         return True
 
     def step(self):
-        """Schedule one step: (the ScheduledRequests, the ids finished since the last step)."""
+        """Schedule one step: (the ScheduledRequests, the ids finished since the last step, each
+        scheduled request's row as it is now). Like vLLM's scheduler, the ScheduledRequests hold
+        the scheduler's own lists, which execute() then grows in place."""
         if self.rng.random() < 0.35 or not (self.waiting or self.running):
             self._new()
         if (self.waiting or self.running) and self.rng.random() < 0.04:
@@ -298,14 +309,16 @@ class Sim:
             scheduled.append((r, n))
             budget -= n
         impl = self.impl
-        view = [impl.ScheduledRequest(r.rid, list(r.prompt), impl.SamplingParams(1.0, 0.95,
-                                                                             r.max_tokens),
-                                    list(r.outputs), list(r.blocks), r.computed, n, r.resumed)
+        view = [impl.ScheduledRequest(r.rid, r.prompt, impl.SamplingParams(1.0, 0.95, r.max_tokens),
+                                      r.outputs, r.blocks, r.computed, n, r.resumed)
                 for r, n in scheduled]
         self.events["resumed"] += sum(r.resumed for r, _ in scheduled)
         finished, self.finished = self.finished, []
-        self._execute(scheduled)
-        return view, finished
+        self._scheduled = scheduled
+        return view, finished, {v.req_id: _row(v) for v in view}
+
+    def execute(self):
+        self._execute(self._scheduled)
 
     def _execute(self, scheduled):
         for r, n in scheduled:
@@ -349,8 +362,15 @@ def replay_500_steps(impl):
     expected: dict[str, tuple] = {}
     try:
         for step in range(STEPS):
-            scheduled, finished = sim.step()
-            here.send_bytes(impl.encode(enc.make_output(scheduled, finished)))
+            scheduled, finished, rows = sim.step()
+            out = enc.make_output(scheduled, finished)
+            check_equal(list(out.finished_req_ids), finished, f"step {step}: finished_req_ids (the "
+                        "ids passed to this make_output, each once, in this output)")
+            check_equal(dict(out.num_scheduled_tokens), {r.req_id: r.num_scheduled_tokens
+                                                         for r in scheduled},
+                        f"step {step}: num_scheduled_tokens (every scheduled request)")
+            here.send_bytes(impl.encode(out))
+            sim.execute()  # the scheduler's lists grow in place, after make_output returned
             if not here.poll(WAIT_S):
                 raise Fail(f"step {step}: the worker process gave no answer within {WAIT_S:g} s")
             status, table = msgspec.msgpack.decode(here.recv_bytes())
@@ -358,8 +378,7 @@ def replay_500_steps(impl):
                 raise Fail(f"step {step}: the worker's update() raised {table}")
             for rid in finished:
                 expected.pop(rid, None)
-            for r in scheduled:
-                expected[r.req_id] = _row(r)
+            expected.update(rows)
             _check_rows(table, expected, f"step {step}")
         check_equal(enc.num_tracked(), len(expected),
                     f"DeltaEncoder.num_tracked() after {STEPS} steps (the requests the workers "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import threading
 
 import torch
 
@@ -12,6 +13,7 @@ from minivllm.judge.api import Fail, check_equal, scaled, test
 
 ENGINE_WAIT_S = scaled(15.0)  # a spawned engine imports torch first; longer than this is a lost frame
 SLOW_COPY_S = 0.5  # the slow engine's pause between mapping and copying
+KEEP: list = []  # tensors kept alive until the test process exits
 
 
 def weights(fill: float | None = None) -> dict[str, torch.Tensor]:
@@ -58,6 +60,23 @@ def share_then_attach(impl):
         raise Fail("attach() returned a copy: a write by the trainer must show through the view, "
                    "because both map the same shared memory", expected=123.0,
                    got=views["norm"][0].item())
+    more = {"experts.w": torch.arange(24.0).reshape(2, 3, 4).to(torch.bfloat16),
+            "positions": torch.arange(3, dtype=torch.int64) * (1 << 40)}
+    metas, fds = impl.share(more)
+    check_equal([(m["dtype"], list(m["shape"])) for m in metas],
+                [("bfloat16", [2, 3, 4]), ("int64", [3])], "the metas of a 3-D bfloat16 and an "
+                "int64 tensor")
+    try:
+        views = impl.attach(metas, [os.dup(fd) for fd in fds])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise Fail(f"attach() cannot rebuild a bfloat16 or int64 tensor ({type(e).__name__}: "
+                   f"{e}): take the dtype by its name from torch (getattr(torch, name)), "
+                   "not from a table of a few", input="bfloat16 [2, 3, 4], int64 [3]") from None
+    for name, t in more.items():
+        if not torch.equal(views[name], t) or views[name].dtype != t.dtype:
+            raise Fail(f"attach()'s {name!r} does not hold the shared tensor",
+                       expected=f"{t.dtype} {list(t.shape)}",
+                       got=f"{views[name].dtype} {list(views[name].shape)}", input=name)
 
 
 @test(input="attach() of 3 descriptors")
@@ -70,6 +89,56 @@ def attach_closes_the_descriptors(impl):
     if left:
         raise Fail("attach() left received descriptors open: each one is a leak (map_fd closes "
                    "the descriptor it is given)", got=f"{len(left)} of 3 still open")
+
+
+@test(input="one round in this process: send_weights in a thread, receive_weights into an "
+      "engine of Parameters in another order than the trainer's", timeout=30,
+      hang="one side waits for a frame or descriptors the other never sends (check the order: "
+           "JSON frame, fds, ack)")
+def engine_copies_in_place(impl):
+    ws = weights()
+    KEEP.append(ws)  # freed only at exit: a storage whose descriptor was closed aborts when freed
+    target = {n: torch.nn.Parameter(torch.zeros(t.shape, dtype=t.dtype))
+              for n, t in reversed(list(ws.items()))}
+    ids = {n: (id(t), t.data_ptr()) for n, t in target.items()}
+    a, b = mp.Pipe()
+    errors = []
+
+    def trainer():
+        try:
+            impl.send_weights(a, ws)
+        except BaseException as e:  # reported below
+            errors.append(e)
+    thread = threading.Thread(target=trainer, daemon=True)
+    thread.start()
+    try:
+        impl.receive_weights(b, target)
+    except RuntimeError as e:
+        raise Fail(f"receive_weights raised RuntimeError: {e}. The engine's weights are "
+                   "Parameters that require grad: copy inside torch.no_grad()") from None
+    thread.join(ENGINE_WAIT_S)
+    a.close()
+    b.close()
+    if errors:
+        raise errors[0]
+    where = f"trainer order {list(ws)}, engine order {list(target)}"
+    for n, t in target.items():
+        if (id(t), t.data_ptr()) != ids[n]:
+            raise Fail(f"the engine's {n!r} is another tensor or another memory after the round: "
+                       "copy into the engine's own tensor in place (copy_); rebinding target[name] "
+                       "or its .data leaves the model's other references behind, and a view of "
+                       "the trainer's memory changes with its next step",
+                       expected="the same tensor object and data_ptr", got="a different one",
+                       input=where)
+        if not torch.equal(t.detach(), ws[n]):
+            raise Fail(f"the engine's {n!r} does not hold the trainer's {n!r}: copy by name",
+                       input=where)
+    closed = [n for n, t in ws.items() if is_closed(impl.fd_of(t))]
+    if closed:
+        raise Fail("after send_weights the descriptors of the trainer's shared storages are "
+                   "closed: fd_of's descriptor belongs to the storage (it hands out the same "
+                   "number again next round, which by then may be another file)",
+                   got=f"closed: {closed}")
 
 
 def with_engine(impl, delay_s: float, body) -> None:
