@@ -26,7 +26,7 @@ from minivllm.engine.core_client import InprocClient
 from minivllm.engine.core_client_mp import SyncMPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreRequest, EngineCoreRequestType, FinishReason
-from minivllm.engine.utils import launch_core_engines
+from minivllm.engine.launcher import launch_core_engines
 from minivllm.sampling_params import SamplingParams
 from minivllm.serial import MsgpackEncoder
 
@@ -114,12 +114,12 @@ def test_an_exception_inside_step_reaches_the_caller_as_engine_dead_error(tiny_d
 def _fault_in_step_main(model_dir: str) -> None:
     import multiprocessing
 
-    from minivllm.engine import utils
+    from minivllm.engine import launcher
     from minivllm.engine.scheduler import Scheduler
 
     # Fork, so the engine inherits the patch: safe here, this interpreter never ran the model
     # (start_context would pick spawn for the tokenizer's threads, and lose the patch).
-    utils.start_context = lambda: multiprocessing.get_context("fork")
+    launcher.start_context = lambda: multiprocessing.get_context("fork")
     original, calls = Scheduler.update_from_output, [0]
 
     def failing(self, *args):

@@ -10,7 +10,7 @@ One output-handler task reads EngineCoreOutputs (AsyncMPClient), detokenizes the
 are cumulative, so a consumer slower than the engine just sees a later state, and nothing
 queues up behind it. A consumer that stops iterating (or whose task is cancelled) aborts its
 request in the engine. Several API server processes can share the engines: each is a client
-with its own addresses and client_index (engine/utils.py: launch_core_engines).
+with its own addresses and client_index (engine/launcher.py: launch_core_engines).
 In vLLM: vllm/v1/engine/async_llm.py:93 (AsyncLLM), :726 (generate), :856 (the output handler);
 RequestOutputCollector, vllm/v1/engine/output_processor.py:53.
 """
@@ -28,7 +28,7 @@ from minivllm.engine.core_client_mp import call_in_loop
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.input_processor import PromptType, process_inputs
 from minivllm.engine.output_processor import OutputProcessor, RequestOutput
-from minivllm.engine.utils import ClientAddresses
+from minivllm.engine.messages import ClientAddresses
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Tokenizer
 from minivllm.utils import tracing

@@ -40,7 +40,8 @@ from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import (
     ENGINE_CORE_DEAD, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest,
     EngineCoreRequestType, UtilityOutput, UtilityRequest)
-from minivllm.engine.utils import ClientAddresses, CoreEngineProcManager, launch_core_engines
+from minivllm.engine.launcher import CoreEngineProcManager, launch_core_engines
+from minivllm.engine.messages import ClientAddresses
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import dp_rank_identity, identity_to_rank, make_zmq_socket
 

@@ -19,7 +19,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.core_client import MPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
-from minivllm.engine.utils import ClientAddresses
+from minivllm.engine.messages import ClientAddresses
 from minivllm.utils import tracing
 
 _shutdown_ids = itertools.count()

@@ -37,7 +37,7 @@ from minivllm.engine.core_io import EngineCoreIOMixin, InvalidRequest
 from minivllm.engine.messages import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequestType,
     FinishReason, UtilityOutput, UtilityRequest)
-from minivllm.engine.utils import (
+from minivllm.engine.messages import (
     ADDRESSES_TIMEOUT_S, EngineZmqAddresses, HandshakeFailed, HandshakeHello, HandshakeReady)
 from minivllm.utils import tracing
 from minivllm.utils.mp import ChildLink

@@ -145,3 +145,43 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     finished_requests: list[str] = []
     utility_output: UtilityOutput | None = None
     timestamp: float = 0.0
+
+
+# --- the start-up handshake between the launcher and each engine (engine/launcher.py) -------
+ADDRESSES_TIMEOUT_S = 60.0  # the engine's wait for the launcher's reply to HELLO
+
+
+class HandshakeHello(msgspec.Struct, tag="HELLO", array_like=True):
+    engine_index: int
+    pid: int
+
+
+class HandshakeReady(msgspec.Struct, tag="READY", array_like=True):
+    response: EngineCoreReadyResponse
+
+
+class HandshakeFailed(msgspec.Struct, tag="FAILED", array_like=True):
+    error: str  # the engine's traceback
+
+
+HandshakeMessage = HandshakeHello | HandshakeReady | HandshakeFailed
+
+
+class ClientAddresses(msgspec.Struct):
+    """What one client (API server) of engines it did not start needs: where it binds its
+    ROUTER and PULL, and the engine pids to watch (vLLM passes a dict with the same keys)."""
+
+    input_address: str
+    output_address: str
+    engine_pids: list[int] = []
+
+
+class EngineZmqAddresses(msgspec.Struct, array_like=True):
+    """Where the clients (API servers) listen: client i at inputs[i] and outputs[i]."""
+
+    inputs: list[str]
+    outputs: list[str]
+
+    def for_client(self, i: int, engine_pids: list[int] = ()) -> ClientAddresses:
+        """What AsyncLLM(config, client_addresses, client_index=i) takes."""
+        return ClientAddresses(self.inputs[i], self.outputs[i], list(engine_pids))

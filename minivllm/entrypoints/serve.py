@@ -38,7 +38,7 @@ from minivllm.utils.process_count import serve_process_count
 from minivllm.utils.resource_names import private_dir
 
 if TYPE_CHECKING:  # serve imports the engine lazily, so that --help answers at once
-    from minivllm.engine.utils import ClientAddresses
+    from minivllm.engine.messages import ClientAddresses
 
 DEFAULT_PORT = 8000
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -187,7 +187,7 @@ def api_server_proc(link: Any, args: argparse.Namespace, sock: socket.socket,
 
 def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: int) -> int:
     """The launcher: engine cores for `count` clients, then `count` API server processes."""
-    from minivllm.engine.utils import launch_core_engines
+    from minivllm.engine.launcher import launch_core_engines
     from minivllm.entrypoints.openai.metrics import shared_metrics_dir
     from minivllm.utils.mp import launch
 

@@ -1,4 +1,5 @@
-"""Starting engine core processes: the launch and the start-up handshake.
+"""The engine launcher: starting engine core processes, and the start-up handshake (its
+messages are in messages.py). vLLM keeps the same code in vllm/v1/engine/utils.py.
 
     engine_manager, addresses = launch_core_engines(config, num_api_servers=1)
     # client i binds a ROUTER at addresses.inputs[i] and a PULL at addresses.outputs[i]
@@ -35,7 +36,9 @@ import msgspec
 import zmq
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.messages import EngineCoreReadyResponse
+from minivllm.engine.messages import (
+    ADDRESSES_TIMEOUT_S, EngineCoreReadyResponse, EngineZmqAddresses, HandshakeFailed,
+    HandshakeHello, HandshakeMessage, HandshakeReady)
 from minivllm.utils.mp import ProcHandle, choose_start_method, launch
 from minivllm.utils.zmq import IpcDir, close_all, identity_to_rank, make_zmq_socket
 
@@ -43,45 +46,6 @@ logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 120.0  # a spawned engine imports torch first: tens of seconds on a busy host
 READY_TIMEOUT_S = 600.0  # loading and dequantizing the model: a minute on 2 busy cores
-ADDRESSES_TIMEOUT_S = 60.0  # the engine's wait for the launcher's reply to HELLO
-
-
-class HandshakeHello(msgspec.Struct, tag="HELLO", array_like=True):
-    engine_index: int
-    pid: int
-
-
-class HandshakeReady(msgspec.Struct, tag="READY", array_like=True):
-    response: EngineCoreReadyResponse
-
-
-class HandshakeFailed(msgspec.Struct, tag="FAILED", array_like=True):
-    error: str  # the engine's traceback
-
-
-HandshakeMessage = HandshakeHello | HandshakeReady | HandshakeFailed
-
-
-class ClientAddresses(msgspec.Struct):
-    """What one client (API server) of engines it did not start needs: where it binds its
-    ROUTER and PULL, and the engine pids to watch (vLLM passes a dict with the same keys)."""
-
-    input_address: str
-    output_address: str
-    engine_pids: list[int] = []
-
-
-class EngineZmqAddresses(msgspec.Struct, array_like=True):
-    """Where the clients (API servers) listen: client i at inputs[i] and outputs[i]."""
-
-    inputs: list[str]
-    outputs: list[str]
-
-    def for_client(self, i: int, engine_pids: list[int] = ()) -> ClientAddresses:
-        """What AsyncLLM(config, client_addresses, client_index=i) takes."""
-        return ClientAddresses(self.inputs[i], self.outputs[i], list(engine_pids))
-
-
 def _native_threads() -> set[int]:
     """Thread ids of this process that are not Python threads and not ZMQ's I/O threads."""
     try:
