@@ -21,15 +21,17 @@ from minivllm.utils.zmq import IpcDir
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
 START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well within this
 STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
+POLL_SLACK_S = 0.3  # a poll may end this far past the deadline (a stall between clock and call)
+TRICKLE_AT = (0.3, 0.6, 0.9, 3.0, 3.3)  # s: three outputs before a 1.2 s deadline, two long after
 ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
 
 
 class JudgeEngine(threading.Thread):
     """A correct engine: connects after `delay` s, says READY, reverses prompts, records them."""
 
-    def __init__(self, ctx, rank, d, delay=0.0):
+    def __init__(self, ctx, rank, d, delay=0.0, readies=1):
         super().__init__(daemon=True)
-        self.ctx, self.rank, self.d, self.delay = ctx, rank, d, delay
+        self.ctx, self.rank, self.d, self.delay, self.readies = ctx, rank, d, delay, readies
         self.requests: list[str] = []
         self.stop = threading.Event()
         self.start()
@@ -43,7 +45,8 @@ class JudgeEngine(threading.Thread):
             s.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.d.path("in"))
         push.connect(self.d.path("out"))
-        dealer.send(b"READY")
+        for _ in range(self.readies):  # more than one: an engine that reconnected
+            dealer.send(b"READY")
         try:
             while not self.stop.is_set():
                 if not dealer.poll(20):
@@ -67,10 +70,11 @@ class JudgeEngine(threading.Thread):
 class Bench(EngineBench):
     """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
 
-    def __init__(self, impl, n_engines, delays):
+    def __init__(self, impl, n_engines, delays, readies=1):
         super().__init__()
         self.fe = self.learner = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
-        self.engines = [JudgeEngine(self.ctx, r, self.d, delay) for r, delay in enumerate(delays)]
+        self.engines = [JudgeEngine(self.ctx, r, self.d, delay, readies)
+                        for r, delay in enumerate(delays)]
 
 
 def _engine_process(impl, rank, d, idle_timeout=30.0):
@@ -236,10 +240,11 @@ def gathers_outputs(impl):
                    expected="TimeoutError", got=extra)
 
 
-@test(input="FrontEnd(n_engines=3), only engines 0 and 1 start; wait_ready(1.0)", timeout=15,
+@test(input="FrontEnd(n_engines=3), only engines 0 and 1 start, each sends READY twice; "
+            "wait_ready(1.0)", timeout=15,
       hang="wait_ready must give up after its timeout: poll, never a bare recv.")
 def wait_ready_timeout(impl):
-    with Bench(impl, 3, [0, 0]) as b:
+    with Bench(impl, 3, [0, 0], readies=2) as b:
         try:
             got = b.fe.wait_ready(1.0)
         except TimeoutError as e:
@@ -247,8 +252,137 @@ def wait_ready_timeout(impl):
                 raise Fail("the TimeoutError must list the ranks that did not send READY",
                            expected="... [2] ...", got=str(e))
             return
-        raise Fail("wait_ready(1.0) must raise TimeoutError when engine 2 never says READY",
+        raise Fail("wait_ready(1.0) must raise TimeoutError when engine 2 never says READY "
+                   "(engines 0 and 1 said it twice: count distinct ranks, not messages)",
                    expected="TimeoutError", got=got)
+
+
+class _PollLog:
+    """Records (when, timeout in ms) of every zmq Socket.poll and Poller.poll that the test's
+    thread (so the learner's code, not the judge's engine threads) makes."""
+
+    def __enter__(self):
+        self.calls, self.real = [], (zmq.Socket.poll, zmq.Poller.poll)
+        (socket_poll, poller_poll), me = self.real, threading.current_thread()
+
+        def log(timeout):
+            if threading.current_thread() is me:
+                self.calls.append((time.monotonic(), timeout))
+
+        def sock_poll(sock, timeout=None, flags=zmq.POLLIN):
+            log(timeout)
+            return socket_poll(sock, timeout, flags)
+
+        def poller(p, timeout=None):
+            log(timeout)
+            return poller_poll(p, timeout)
+        zmq.Socket.poll, zmq.Poller.poll = sock_poll, poller
+        return self
+
+    def __exit__(self, *exc):
+        zmq.Socket.poll, zmq.Poller.poll = self.real
+
+    def past(self, started: float, asked: float) -> list:
+        """The polls, as (s since start, timeout in s), that could end past started + asked."""
+        return [(round(t - started, 2), None if ms is None else ms / 1000) for t, ms in self.calls
+                if ms is None or ms < 0 or t + ms / 1000 > started + asked + POLL_SLACK_S]
+
+
+def _trickle_outputs(d, times, stop):
+    """The judge's PUSH sends an output for rank 0 at each of `times` (s from now)."""
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(d.path("out"))
+    start = time.monotonic()
+    try:
+        for i, at in enumerate(times):
+            if stop.wait(max(0.0, start + at - time.monotonic())):
+                return
+            push.send_multipart([ID[0], f"t{i}".encode(), b"out"])
+    finally:
+        push.close()
+
+
+@test(input="wait_ready(1.2) with engines 0 and 1 saying READY 0.3 s and 0.6 s in, engine 2 "
+            "never; get_outputs(5, 1.2) with outputs coming 0.3, 0.6, 0.9, 3.0 and 3.3 s in",
+      timeout=25)
+def waits_count_in_total(impl):
+    asked = 1.2
+    with Bench(impl, 3, [0.3, 0.6]) as b, _PollLog() as polls:
+        started = time.monotonic()
+        try:
+            b.fe.wait_ready(asked)
+        except TimeoutError:
+            pass
+        else:
+            raise Fail("wait_ready must raise TimeoutError when engine 2 never says READY")
+        late = polls.past(started, asked)
+        if late:
+            raise Fail(f"wait_ready({asked}) polled past its deadline: its timeout restarts at "
+                       f"every message, so READYs that trickle in stretch it without end. "
+                       f"`timeout` is for the whole wait", got=f"(s since the call, poll "
+                       f"timeout in s): {late[:4]}")
+    with Bench(impl, 1, [0]) as b:
+        b.fe.wait_ready(START_S)
+        stop = threading.Event()
+        pusher = threading.Thread(target=_trickle_outputs, args=(b.d, TRICKLE_AT, stop))
+        with _PollLog() as polls:
+            started = time.monotonic()
+            pusher.start()
+            try:
+                got = b.fe.get_outputs(len(TRICKLE_AT), asked)
+            except TimeoutError:
+                got = None
+            finally:
+                stop.set()
+                pusher.join()
+        if got is not None:
+            raise Fail(f"get_outputs(5, {asked}) returned {time.monotonic() - started:.1f} s "
+                       f"after the call, with outputs that came after its deadline: `timeout` "
+                       f"is for all n outputs together, and every wait must be bounded by it",
+                       got=[o[0] for o in got])
+        late = polls.past(started, asked)
+        if late:
+            raise Fail(f"get_outputs(5, {asked}) polled past its deadline: its timeout restarts "
+                       f"at every output. `timeout` is for all n outputs together",
+                       got=f"(s since the call, poll timeout in s): {late[:4]}")
+
+
+@test(input="your engine with idle_timeout=1.0, an ADD every 0.2 s for 1.6 s, then silence",
+      timeout=30)
+def engine_idle_is_per_message(impl):
+    ctx, d = zmq.Context(), IpcDir()
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    for s in (router, pull):
+        s.setsockopt(zmq.LINGER, 0)
+    router.bind(d.path("in"))
+    pull.bind(d.path("out"))
+    proc = _engine_process(impl, 1, d, idle_timeout=1.0)
+    try:
+        if not router.poll(int(START_S * 1000)):
+            raise Fail(f"no READY from engine 1 within {START_S:g} s")
+        router.recv_multipart()
+        answered = []
+        for i in range(8):
+            router.send_multipart([ID[1], b"ADD", f"a{i}".encode(), b"xy"])
+            if not pull.poll(int(WAIT_S * 1000)):
+                break
+            answered.append(pull.recv_multipart()[1].decode())
+            time.sleep(0.2)
+        if len(answered) < 8:
+            raise Fail("the engine stopped answering while an ADD came every 0.2 s: "
+                       "idle_timeout=1.0 counts from the last message, not from the start",
+                       expected=[f"a{i}" for i in range(8)], got=answered)
+        _finish(proc, "1 s after the last ADD (idle_timeout=1.0)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        router.close()
+        pull.close()
+        ctx.term()
+        d.close()
 
 
 @test(input="your FrontEnd and 2 of your engines as processes; 20 requests; shutdown()",
