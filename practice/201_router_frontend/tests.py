@@ -16,12 +16,12 @@ import time
 import zmq
 
 from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
+from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
 START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well within this
 STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
-POLL_SLACK_S = 0.3  # a poll may end this far past the deadline (a stall between clock and call)
 TRICKLE_AT = (0.3, 0.6, 0.9, 3.0, 3.3)  # s: three outputs before a 1.2 s deadline, two long after
 ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
 
@@ -257,37 +257,6 @@ def wait_ready_timeout(impl):
                    expected="TimeoutError", got=got)
 
 
-class _PollLog:
-    """Records (when, timeout in ms) of every zmq Socket.poll and Poller.poll that the test's
-    thread (so the learner's code, not the judge's engine threads) makes."""
-
-    def __enter__(self):
-        self.calls, self.real = [], (zmq.Socket.poll, zmq.Poller.poll)
-        (socket_poll, poller_poll), me = self.real, threading.current_thread()
-
-        def log(timeout):
-            if threading.current_thread() is me:
-                self.calls.append((time.monotonic(), timeout))
-
-        def sock_poll(sock, timeout=None, flags=zmq.POLLIN):
-            log(timeout)
-            return socket_poll(sock, timeout, flags)
-
-        def poller(p, timeout=None):
-            log(timeout)
-            return poller_poll(p, timeout)
-        zmq.Socket.poll, zmq.Poller.poll = sock_poll, poller
-        return self
-
-    def __exit__(self, *exc):
-        zmq.Socket.poll, zmq.Poller.poll = self.real
-
-    def past(self, started: float, asked: float) -> list:
-        """The polls, as (s since start, timeout in s), that could end past started + asked."""
-        return [(round(t - started, 2), None if ms is None else ms / 1000) for t, ms in self.calls
-                if ms is None or ms < 0 or t + ms / 1000 > started + asked + POLL_SLACK_S]
-
-
 def _trickle_outputs(d, times, stop):
     """The judge's PUSH sends an output for rank 0 at each of `times` (s from now)."""
     ctx = zmq.Context.instance()
@@ -309,7 +278,7 @@ def _trickle_outputs(d, times, stop):
       timeout=25)
 def waits_count_in_total(impl):
     asked = 1.2
-    with Bench(impl, 3, [0.3, 0.6]) as b, _PollLog() as polls:
+    with Bench(impl, 3, [0.3, 0.6]) as b, PollLog() as polls:
         started = time.monotonic()
         try:
             b.fe.wait_ready(asked)
@@ -327,7 +296,7 @@ def waits_count_in_total(impl):
         b.fe.wait_ready(START_S)
         stop = threading.Event()
         pusher = threading.Thread(target=_trickle_outputs, args=(b.d, TRICKLE_AT, stop))
-        with _PollLog() as polls:
+        with PollLog() as polls:
             started = time.monotonic()
             pusher.start()
             try:
