@@ -37,12 +37,24 @@ class PollLog:
             log(timeout)
             return poller_poll(p, timeout)
         zmq.Socket.poll, zmq.Poller.poll = sock_poll, poller
+        self.started = time.monotonic()
         return self
 
     def __exit__(self, *exc) -> None:
         zmq.Socket.poll, zmq.Poller.poll = self.real
 
-    def past(self, started: float, asked: float) -> list[tuple[float, float | None]]:
-        """The polls, as (s since start, timeout in s), that could end past started + asked."""
+    def past(self, asked: float) -> list[tuple[float, float | None]]:
+        """The polls, as (s since the `with`, timeout in s), that could end past `asked` s
+        after the `with` began."""
+        started = self.started
         return [(round(t - started, 2), None if ms is None else ms / 1000) for t, ms in self.calls
                 if ms is None or ms < 0 or t + ms / 1000 > started + asked + POLL_SLACK_S]
+
+    def fail_if_past(self, asked: float, call: str, unit: str) -> None:
+        """Fail when a poll of `call` (its timeout `asked`, s) could end past its deadline."""
+        from minivllm.judge.api import Fail
+        late = self.past(asked)
+        if late:
+            raise Fail(f"{call} polled past its deadline: its timeout restarts at every {unit}, "
+                       f"so {unit}s that trickle in stretch it without end. `timeout` is for the "
+                       f"whole call", got=f"(s since the call, poll timeout in s): {late[:4]}")

@@ -46,7 +46,8 @@ def _wait_for_file(path: str, what: str) -> str:
 
 class _WaitLog:
     """Replaces multiprocessing.connection.wait wherever the learner's module reaches it: records
-    the timeout of each call outside Process.join that returned nothing, and the pids of this process's children.
+    the timeout of each call outside Process.join that returned nothing, and the pids of this
+    process's children.
     after_exit=True forces a schedule: a call returns only once every process sentinel among
     its objects has fired, so the parent wakes after the child sent its message and exited."""
 
@@ -217,6 +218,6 @@ def stop_worker_escalates(impl):
         time.sleep(0.02)
     _stop_in_thread(impl, graceful, scaled(15))
     if not os.path.exists(graceful_file):
-        raise Fail(f"stop_worker(process, timeout={scaled(15):.0f}) killed a worker that was cleaning up after "
-                   f"SIGTERM (it needs 0.5 s): terminate() first, give it `timeout` seconds to exit, "
-                   f"kill only then", got=f"exit code {graceful.exitcode}")
+        raise Fail(f"stop_worker(process, timeout={scaled(15):.0f}) killed a worker that was "
+                   f"cleaning up after SIGTERM (it needs 0.5 s): terminate() first, give it "
+                   f"`timeout` seconds to exit, kill only then", got=f"exit code {graceful.exitcode}")

@@ -132,8 +132,8 @@ def glued_frames(impl):
         b.close()
 
 
-@test(input="4 frames (1000 B, 0 B, 65535 B, 65536 B) arriving in pieces of 1 to 997 bytes, then a clean "
-            "close",
+@test(input="4 frames (1000 B, 0 B, 65535 B, 65536 B) arriving in pieces of 1 to 997 bytes, "
+            "then a clean close",
       hang="recv_frame waits for bytes that are not coming: is recv_exact asking for the right count?")
 def partial_reads(impl):
     a, b = _pair()

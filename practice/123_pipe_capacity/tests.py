@@ -1,8 +1,8 @@
 """The judge's tests for exercise 123. Each receives the learner's module as `impl`.
 
 Every pipe and process is real. The switch counts are checked where the test makes them
-deterministic: a process seen blocked in a read N times has at least N voluntary switches, and a writer
-whose reader drains the pipe only once it is full blocks about once per pipe-full.
+deterministic: a process seen blocked in a read N times has at least N voluntary switches, and
+a writer whose reader drains the pipe only once it is full blocks about once per pipe-full.
 """
 
 from __future__ import annotations
@@ -311,6 +311,20 @@ def writer_blocks_when_full(impl):
                        input=f"Writer(4 MiB, {pipe_size // KIB} KiB)")
 
 
+def _nothing_left(fds: int, when: str, process_left: str) -> None:
+    """Fail if this process has a child (running or unreaped) or more fds than `fds`."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    else:
+        raise Fail(f"{when}: {process_left}")
+    left = len(os.listdir("/proc/self/fd")) - fds
+    if left:
+        raise Fail(f"{when}: transfer() left {left} file descriptors open: close both pipe ends",
+                   expected=0, got=left)
+
+
 @test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
@@ -326,16 +340,8 @@ def transfer_end_to_end(impl):
         if abs(t.switches_per_mib - expected) > 1e-9:
             raise Fail(f"{what}: switches_per_mib is (writer + reader) switches per MiB moved",
                        expected=expected, got=t.switches_per_mib)
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    else:
-        raise Fail("a writer process is still running or unreaped after transfer() returned")
-    left = len(os.listdir("/proc/self/fd")) - fds
-    if left:
-        raise Fail(f"transfer() left {left} file descriptors open: close both pipe ends",
-                   expected=0, got=left)
+    _nothing_left(fds, "after transfer() returned", "a writer process is still running or "
+                  "unreaped")
     try:
         got = impl.transfer(0, 64 * KIB)
     except ValueError:
@@ -413,9 +419,10 @@ def stopped_writer_times_out(impl):
                            f"killed the stalled writer, {time.monotonic() - started:.1f} s in: "
                            f"kill() it with SIGKILL (a stopped process does not act on SIGTERM)")
         except Exception as exc:
-            raise Fail(f"transfer(timeout={asked}) was still reading {time.monotonic() - started:.1f}"
-                       f" s later, when the judge killed the writer; a stalled writer must end the "
-                       f"transfer with TimeoutError after `timeout` seconds in all", got=repr(exc))
+            took = time.monotonic() - started
+            raise Fail(f"transfer(timeout={asked}) was still reading {took:.1f} s later, when the "
+                       f"judge killed the writer; a stalled writer must end the transfer with "
+                       f"TimeoutError after `timeout` seconds in all", got=repr(exc))
         else:
             raise Fail(f"transfer(timeout={asked}) from a writer that never finishes returned")
         finally:
@@ -429,13 +436,5 @@ def stopped_writer_times_out(impl):
                    f"deadline (bytes came every {TRICKLE_S} s): a timeout that restarts at every "
                    f"read is an idle timeout; the whole transfer must end within `timeout`",
                    got=f"(seconds since the start, select timeout): {late[:4]}")
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    else:
-        raise Fail("after the TimeoutError the stopped writer is still there: kill and reap it")
-    left = len(os.listdir("/proc/self/fd")) - fds
-    if left:
-        raise Fail(f"after the TimeoutError transfer() left {left} file descriptors open",
-                   expected=0, got=left)
+    _nothing_left(fds, "after the TimeoutError", "the stopped writer is still there: kill and "
+                  "reap it")

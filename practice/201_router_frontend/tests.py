@@ -7,6 +7,7 @@ in a private directory under the judge's $TMPDIR.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -140,18 +141,34 @@ def close_removes_socket_files(impl):
         fe.close()
 
 
-@test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
-            "ADD r2 'abc', STOP", timeout=25,
-      hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
-def engine_says_ready_first(impl):
+@contextlib.contextmanager
+def _judge_front(impl, rank, idle_timeout=30.0):
+    """The judge's ROUTER and PULL, bound, and your run_engine(rank) in a process; on the way
+    out the process is killed if it still runs, and everything is closed."""
     ctx, d = zmq.Context(), IpcDir()
     router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
     for s in (router, pull):
         s.setsockopt(zmq.LINGER, 0)
     router.bind(d.path("in"))
     pull.bind(d.path("out"))
-    proc = _engine_process(impl, 2, d)
+    proc = _engine_process(impl, rank, d, idle_timeout)
     try:
+        yield router, pull, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        router.close()
+        pull.close()
+        ctx.term()
+        d.close()
+
+
+@test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
+            "ADD r2 'abc', STOP", timeout=25,
+      hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
+def engine_says_ready_first(impl):
+    with _judge_front(impl, 2) as (router, pull, proc):
         if not router.poll(int(START_S * 1000)):
             raise Fail(f"no message from engine 2 within {START_S:g} s: the engine must send "
                        "[b'READY'] first, so that the ROUTER learns its identity",
@@ -167,14 +184,6 @@ def engine_says_ready_first(impl):
                     "the outputs on the PULL: [identity, request_id, prompt[::-1]] per ADD")
         router.send_multipart([ID[2], b"STOP"])
         _finish(proc, "after STOP")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        router.close()
-        pull.close()
-        ctx.term()
-        d.close()
 
 
 @test(input="run_engine(0, ..., idle_timeout=0.5) with nothing bound at either address",
@@ -279,25 +288,18 @@ def _trickle_outputs(d, times, stop):
 def waits_count_in_total(impl):
     asked = 1.2
     with Bench(impl, 3, [0.3, 0.6]) as b, PollLog() as polls:
-        started = time.monotonic()
         try:
             b.fe.wait_ready(asked)
         except TimeoutError:
             pass
         else:
             raise Fail("wait_ready must raise TimeoutError when engine 2 never says READY")
-        late = polls.past(started, asked)
-        if late:
-            raise Fail(f"wait_ready({asked}) polled past its deadline: its timeout restarts at "
-                       f"every message, so READYs that trickle in stretch it without end. "
-                       f"`timeout` is for the whole wait", got=f"(s since the call, poll "
-                       f"timeout in s): {late[:4]}")
+        polls.fail_if_past(asked, f"wait_ready({asked})", "message")
     with Bench(impl, 1, [0]) as b:
         b.fe.wait_ready(START_S)
         stop = threading.Event()
         pusher = threading.Thread(target=_trickle_outputs, args=(b.d, TRICKLE_AT, stop))
         with PollLog() as polls:
-            started = time.monotonic()
             pusher.start()
             try:
                 got = b.fe.get_outputs(len(TRICKLE_AT), asked)
@@ -307,28 +309,18 @@ def waits_count_in_total(impl):
                 stop.set()
                 pusher.join()
         if got is not None:
-            raise Fail(f"get_outputs(5, {asked}) returned {time.monotonic() - started:.1f} s "
-                       f"after the call, with outputs that came after its deadline: `timeout` "
-                       f"is for all n outputs together, and every wait must be bounded by it",
+            took = time.monotonic() - polls.started
+            raise Fail(f"get_outputs(5, {asked}) returned {took:.1f} s after the call, with "
+                       f"outputs that came after its deadline: `timeout` is for all n outputs "
+                       f"together, and every wait must be bounded by it",
                        got=[o[0] for o in got])
-        late = polls.past(started, asked)
-        if late:
-            raise Fail(f"get_outputs(5, {asked}) polled past its deadline: its timeout restarts "
-                       f"at every output. `timeout` is for all n outputs together",
-                       got=f"(s since the call, poll timeout in s): {late[:4]}")
+        polls.fail_if_past(asked, f"get_outputs(5, {asked})", "output")
 
 
 @test(input="your engine with idle_timeout=1.0, an ADD every 0.2 s for 1.6 s, then silence",
       timeout=30)
 def engine_idle_is_per_message(impl):
-    ctx, d = zmq.Context(), IpcDir()
-    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
-    for s in (router, pull):
-        s.setsockopt(zmq.LINGER, 0)
-    router.bind(d.path("in"))
-    pull.bind(d.path("out"))
-    proc = _engine_process(impl, 1, d, idle_timeout=1.0)
-    try:
+    with _judge_front(impl, 1, idle_timeout=1.0) as (router, pull, proc):
         if not router.poll(int(START_S * 1000)):
             raise Fail(f"no READY from engine 1 within {START_S:g} s")
         router.recv_multipart()
@@ -344,14 +336,6 @@ def engine_idle_is_per_message(impl):
                        "idle_timeout=1.0 counts from the last message, not from the start",
                        expected=[f"a{i}" for i in range(8)], got=answered)
         _finish(proc, "1 s after the last ADD (idle_timeout=1.0)")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        router.close()
-        pull.close()
-        ctx.term()
-        d.close()
 
 
 @test(input="your FrontEnd and 2 of your engines as processes; 20 requests; shutdown()",
