@@ -14,6 +14,8 @@ import time
 import zmq
 
 POLL_SLACK_S = 0.3  # a poll may end this far past the deadline: a stall between clock and call
+# (stretched by api.scaled; a test stretches its trickle by the same factor, so that a timeout
+# that restarts at every message overshoots by more than the slack at any load)
 
 
 class PollLog:
@@ -46,9 +48,10 @@ class PollLog:
     def past(self, asked: float) -> list[tuple[float, float | None]]:
         """The polls, as (s since the `with`, timeout in s), that could end past `asked` s
         after the `with` began."""
-        started = self.started
+        from minivllm.judge.api import scaled
+        started, slack = self.started, scaled(POLL_SLACK_S)
         return [(round(t - started, 2), None if ms is None else ms / 1000) for t, ms in self.calls
-                if ms is None or ms < 0 or t + ms / 1000 > started + asked + POLL_SLACK_S]
+                if ms is None or ms < 0 or t + ms / 1000 > started + asked + slack]
 
     def fail_if_past(self, asked: float, call: str, unit: str) -> None:
         """Fail when a poll of `call` (its timeout `asked`, s) could end past its deadline."""

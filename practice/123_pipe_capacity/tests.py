@@ -25,8 +25,9 @@ from minivllm.judge.api import Fail, check_equal, scaled, test
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 KIB, MIB = 1 << 10, 1 << 20
 WAIT_S = scaled(10.0)  # a pipe not filled (or a child not answering) in this long never will
-TRICKLE_S = 0.25  # a stopped writer is let run this often, for 2 ms
-SELECT_SLACK_S = 0.5  # a select may end this far past the deadline (a stall between clock and call)
+S = scaled(1.0)  # the trickle stretches with the judge's time limits, and the slack with it
+TRICKLE_S = 0.25 * S  # a stopped writer is let run this often, for 2 ms
+SELECT_SLACK_S = 0.5 * S  # a select may end this far past the deadline (a stall before the call)
 BLOCKS = 100  # reads the judge sees blocked (state S) before it lets them go: each is a switch
 
 
@@ -404,9 +405,11 @@ def _signal(pid: int, sig: int) -> None:
 
 
 @test(input="transfer(64 MiB, 64 KiB, timeout=1.0) from a writer that is stopped and let run "
-            f"for 2 ms every {TRICKLE_S} s for 1 s, then stalls", timeout=30)
+            "for 2 ms every 0.25 s for 1 s, then stalls (times stretched on a busy machine)",
+      timeout=30)
 def stopped_writer_times_out(impl):
-    asked, fds = 1.0, len(os.listdir("/proc/self/fd"))
+    asked, fds = 1.0 * S, len(os.listdir("/proc/self/fd"))
+    call = f"transfer(timeout={asked:.2g})"
     started = time.monotonic()
     with _StoppedWriter(until=started + asked) as w:
         timer = threading.Timer(asked + scaled(8.0), w.give_up)
@@ -415,16 +418,16 @@ def stopped_writer_times_out(impl):
             impl.transfer(64 * MIB, 64 * KIB, timeout=asked)
         except TimeoutError:
             if w.gave_up:
-                raise Fail(f"transfer(timeout={asked}) raised TimeoutError only after the judge "
+                raise Fail(f"{call} raised TimeoutError only after the judge "
                            f"killed the stalled writer, {time.monotonic() - started:.1f} s in: "
                            f"kill() it with SIGKILL (a stopped process does not act on SIGTERM)")
         except Exception as exc:
             took = time.monotonic() - started
-            raise Fail(f"transfer(timeout={asked}) was still reading {took:.1f} s later, when the "
+            raise Fail(f"{call} was still reading {took:.1f} s later, when the "
                        f"judge killed the writer; a stalled writer must end the transfer with "
                        f"TimeoutError after `timeout` seconds in all", got=repr(exc))
         else:
-            raise Fail(f"transfer(timeout={asked}) from a writer that never finishes returned")
+            raise Fail(f"{call} from a writer that never finishes returned")
         finally:
             timer.cancel()
             w.stop.set()
@@ -432,9 +435,9 @@ def stopped_writer_times_out(impl):
     late = [(round(t - started, 2), timeout) for t, timeout in w.selects
             if timeout is None or t + timeout > started + asked + SELECT_SLACK_S]
     if late:
-        raise Fail(f"transfer(timeout={asked}) called select with timeouts that reach past its "
-                   f"deadline (bytes came every {TRICKLE_S} s): a timeout that restarts at every "
-                   f"read is an idle timeout; the whole transfer must end within `timeout`",
+        raise Fail(f"{call} called select with timeouts that reach past its deadline (bytes "
+                   f"came every {TRICKLE_S:.2g} s): a timeout that restarts at every read is an "
+                   f"idle timeout; the whole transfer must end within `timeout`",
                    got=f"(seconds since the start, select timeout): {late[:4]}")
     _nothing_left(fds, "after the TimeoutError", "the stopped writer is still there: kill and "
                   "reap it")
