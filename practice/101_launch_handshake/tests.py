@@ -47,22 +47,26 @@ def _wait_for_file(path: str, what: str) -> str:
 class _WaitLog:
     """Replaces multiprocessing.connection.wait wherever the learner's module reaches it: records
     the timeout of each call outside Process.join that returned nothing, and the pids of this
-    process's children.
-    after_exit=True forces a schedule: a call returns only once every process sentinel among
-    its objects has fired, so the parent wakes after the child sent its message and exited."""
+    process's children. Two forced schedules: with `armed` (a path), a wait starts only once the
+    child has written that file (so it ignores SIGTERM by then, however slowly it started); with
+    after_exit=True, a call returns only once every process sentinel among its objects has
+    fired (the parent wakes after the child sent its message and exited)."""
 
-    def __init__(self, impl, after_exit: bool = False):
-        self.impl, self.after_exit, self.timeouts, self.pids = impl, after_exit, [], set()
+    def __init__(self, impl, after_exit: bool = False, armed: str = ""):
+        self.impl, self.after_exit, self.armed = impl, after_exit, armed
+        self.timeouts, self.pids = [], set()
         self.real = multiprocessing.connection.wait
         self.names = [k for k, v in vars(impl).items() if v is self.real]
         self.stop = threading.Event()
 
     def wait(self, object_list, timeout=None):
+        joining = sys._getframe(1).f_globals.get("__name__", "").startswith("multiprocessing.popen")
+        if self.armed and not joining:
+            _wait_for_file(self.armed, "the worker")
         sentinels = [o for o in object_list if isinstance(o, int)]
         if self.after_exit and sentinels:
             self.real(sentinels, scaled(20))
         ready = self.real(object_list, timeout)
-        joining = sys._getframe(1).f_globals.get("__name__", "").startswith("multiprocessing.popen")
         if not ready and not joining:  # Process.join waits on the sentinel too: not a start
             self.timeouts.append(timeout)
         return ready
@@ -155,11 +159,11 @@ def message_wins_over_exit(impl):
       hang="start_worker waited for the message with no time limit, or stop_worker joined a child "
            "that ignores SIGTERM without a limit")
 def timeout_stops_the_child(impl):
-    asked = 1.0
+    asked, armed = 1.0, os.path.join(tempfile.mkdtemp(), "pid")
     started = time.monotonic()
-    with _WaitLog(impl) as log:
+    with _WaitLog(impl, armed=armed) as log:
         try:
-            impl.start_worker(exec, (STUBBORN.format(path=os.devnull), {}), timeout=asked)
+            impl.start_worker(exec, (STUBBORN.format(path=armed), {}), timeout=asked)
         except TimeoutError as e:
             message = str(e)
         else:
