@@ -1,9 +1,28 @@
-"""The judge's tests for exercise 101. Each receives the learner's module as `impl`."""
+"""The judge's tests for exercise 101. Each receives the learner's module as `impl`.
+
+Targets the tests need beyond the given four are `exec` with code and a fresh globals dict: a
+builtin that a spawn child can unpickle by name, so no test file has to be importable there."""
 
 import multiprocessing
+import multiprocessing.connection
 import os
+import re
+import sys
+import tempfile
+import threading
+import time
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
+
+# A child that ignores SIGTERM and writes its pid to a file, then sleeps: a hung worker.
+STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "open({path!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+# A child that cleans up for 0.5 s on SIGTERM, then writes a marker and exits: a good worker.
+GRACEFUL = ("import os, signal, sys, time\n"
+            "def bye(*_):\n time.sleep(0.5); open({path!r}, 'w').write('cleaned up'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye); open({path!r} + '.up', 'w').close(); "
+            "time.sleep(600)")
+STOP_TIMEOUT_S = 0.5  # stop_worker's join limit in the tests: short, the child ignores SIGTERM
 
 
 def _no_children(what):
@@ -14,6 +33,62 @@ def _no_children(what):
             p.join()
         raise Fail(f"{what}: a worker process was left running; stop it before raising",
                    got=[p.pid for p in left])
+
+
+def _wait_for_file(path: str, what: str) -> str:
+    deadline = time.monotonic() + scaled(20)
+    while not os.path.exists(path) or not open(path).read().strip():
+        if time.monotonic() > deadline:
+            raise Fail(f"{what} never started")
+        time.sleep(0.02)
+    return open(path).read().strip()
+
+
+class _WaitLog:
+    """Replaces multiprocessing.connection.wait wherever the learner's module reaches it: records
+    the timeout of each call outside Process.join that returned nothing, and the pids of this
+    process's children. Two forced schedules: with `armed` (a path), a wait starts only once the
+    child has written that file (so it ignores SIGTERM by then, however slowly it started); with
+    after_exit=True, a call returns only once every process sentinel among its objects has
+    fired (the parent wakes after the child sent its message and exited)."""
+
+    def __init__(self, impl, after_exit: bool = False, armed: str = ""):
+        self.impl, self.after_exit, self.armed = impl, after_exit, armed
+        self.timeouts, self.pids = [], set()
+        self.real = multiprocessing.connection.wait
+        self.names = [k for k, v in vars(impl).items() if v is self.real]
+        self.stop = threading.Event()
+
+    def wait(self, object_list, timeout=None):
+        joining = sys._getframe(1).f_globals.get("__name__", "").startswith("multiprocessing.popen")
+        if self.armed and not joining:
+            _wait_for_file(self.armed, "the worker")
+        sentinels = [o for o in object_list if isinstance(o, int)]
+        if self.after_exit and sentinels:
+            self.real(sentinels, scaled(20))
+        ready = self.real(object_list, timeout)
+        if not ready and not joining:  # Process.join waits on the sentinel too: not a start
+            self.timeouts.append(timeout)
+        return ready
+
+    def watch(self):
+        import psutil
+        me = psutil.Process()
+        while not self.stop.wait(0.01):
+            self.pids.update(c.pid for c in me.children())
+
+    def __enter__(self):
+        multiprocessing.connection.wait = self.wait
+        for k in self.names:
+            setattr(self.impl, k, self.wait)
+        threading.Thread(target=self.watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        multiprocessing.connection.wait = self.real
+        for k in self.names:
+            setattr(self.impl, k, self.real)
 
 
 @test(input="start_worker(setup_ok, (21,))", timeout=15)
@@ -44,8 +119,8 @@ def _expect_start_error(impl, target: str, timeout: float, text: str, what: str)
 
 @test(input="start_worker(setup_fails)", timeout=15)
 def error_reaches_the_parent(impl):
-    _expect_start_error(impl, "setup_fails", 10, "boom", "WorkerStartError must carry the child's "
-                        "error text")
+    _expect_start_error(impl, "setup_fails", 10, "boom: no model file at /models/missing.gguf",
+                        "WorkerStartError must carry the child's whole error text")
     _no_children("after a failed start")
 
 
@@ -57,14 +132,96 @@ def child_dies_before_ready(impl):
     _no_children("after the child died")
 
 
-@test(input="start_worker(setup_slow, (60,), timeout=1)", timeout=12,
-      hang="start_worker waited for the message with no time limit")
+@test(input="start_worker(setup_ok, (21,)) and start_worker(setup_fails), the parent waking only "
+            "after the child has sent its message and exited", timeout=20)
+def message_wins_over_exit(impl):
+    with _WaitLog(impl, after_exit=True):
+        try:
+            proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=scaled(30))
+        except impl.WorkerStartError as e:
+            raise Fail("the child sent ('ready', 42) and then exited normally; when the pipe and "
+                       "the sentinel are both ready, read the message first: it says why the "
+                       "child exited", got=str(e))
+        impl.stop_worker(proc)
+        check_equal(result, 42, "the ready result, read after the child exited")
+        try:
+            impl.start_worker(impl.setup_fails, (), timeout=scaled(30))
+        except impl.WorkerStartError as e:
+            if "boom" not in str(e):
+                raise Fail("the child sent ('error', ...) and then exited; the message, not the "
+                           "exit code, must reach the caller", expected="...boom...", got=str(e))
+        else:
+            raise Fail("start_worker(setup_fails) must raise WorkerStartError")
+    _no_children("after a start whose child had exited")
+
+
+@test(input="start_worker(a child that ignores SIGTERM and never reports, timeout=1)", timeout=40,
+      hang="start_worker waited for the message with no time limit, or stop_worker joined a child "
+           "that ignores SIGTERM without a limit")
 def timeout_stops_the_child(impl):
-    try:
-        impl.start_worker(impl.setup_slow, (60,), timeout=1)
-    except TimeoutError as e:
-        if "pid" not in str(e):
-            raise Fail("the TimeoutError must name the worker (its pid)", got=str(e))
-    else:
-        raise Fail("start_worker must raise TimeoutError when the child is not ready in time")
-    _no_children("after the timeout")
+    asked, armed = 1.0, os.path.join(tempfile.mkdtemp(), "pid")
+    started = time.monotonic()
+    with _WaitLog(impl, armed=armed) as log:
+        try:
+            impl.start_worker(exec, (STUBBORN.format(path=armed), {}), timeout=asked)
+        except TimeoutError as e:
+            message = str(e)
+        else:
+            raise Fail("start_worker must raise TimeoutError when the child is not ready in time")
+    took = time.monotonic() - started
+    _no_children("after the timeout (the child ignores SIGTERM: stop_worker must kill it)")
+    named = {int(n) for n in re.findall(r"\d+", message)}
+    if not named & log.pids:
+        raise Fail("the TimeoutError must name the worker by its pid", got=message,
+                   expected=f"one of the worker pids {sorted(log.pids)}")
+    if took < asked:
+        raise Fail(f"start_worker(timeout={asked}) gave up after {took:.2f} s, before the "
+                   f"timeout it was given")
+    waited = sum(t for t in log.timeouts if t is not None)
+    if waited > asked + 0.01:
+        raise Fail(f"start_worker(timeout={asked}) waited {waited:.2f} s in all for a child that "
+                   f"never answered (the timeouts it passed to connection.wait: {log.timeouts}): "
+                   f"wait at most `timeout` seconds in all")
+
+
+def _stop_in_thread(impl, proc, timeout: float) -> float:
+    """Run stop_worker(proc, timeout) in a thread; fail if it is still running far past it."""
+    done = threading.Event()
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: (impl.stop_worker(proc, timeout), done.set()),
+                              daemon=True)
+    thread.start()
+    if not done.wait(timeout + scaled(10)):
+        proc.kill()
+        proc.join()
+        raise Fail(f"stop_worker(process, timeout={timeout}) on a child that ignores SIGTERM was "
+                   f"still running after {timeout + scaled(10):.0f} s: join at most `timeout`, "
+                   f"then kill")
+    return time.monotonic() - started
+
+
+@test(input="stop_worker on a child that ignores SIGTERM, and on one that cleans up for 0.5 s on "
+            "SIGTERM", timeout=40)
+def stop_worker_escalates(impl):
+    ctx = multiprocessing.get_context("spawn")
+    folder = tempfile.mkdtemp()
+    stubborn_file, graceful_file = os.path.join(folder, "pid"), os.path.join(folder, "bye")
+    stubborn = ctx.Process(target=exec, args=(STUBBORN.format(path=stubborn_file), {}))
+    stubborn.start()
+    _wait_for_file(stubborn_file, "the child that ignores SIGTERM")
+    _stop_in_thread(impl, stubborn, STOP_TIMEOUT_S)
+    if stubborn.is_alive():
+        stubborn.kill()
+        stubborn.join()
+        raise Fail("stop_worker returned while a child that ignores SIGTERM is alive: after "
+                   "join(timeout), kill() it and join again")
+    graceful = ctx.Process(target=exec, args=(GRACEFUL.format(path=graceful_file), {}))
+    graceful.start()
+    deadline = time.monotonic() + scaled(20)
+    while not os.path.exists(graceful_file + ".up") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _stop_in_thread(impl, graceful, scaled(15))
+    if not os.path.exists(graceful_file):
+        raise Fail(f"stop_worker(process, timeout={scaled(15):.0f}) killed a worker that was "
+                   f"cleaning up after SIGTERM (it needs 0.5 s): terminate() first, give it "
+                   f"`timeout` seconds to exit, kill only then", got=f"exit code {graceful.exitcode}")

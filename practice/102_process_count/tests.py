@@ -10,12 +10,16 @@ def docs_examples(impl):
                 "processes of `serve -tp=2 -dp=4` (1 launcher + 4 API + 4 cores + 8 workers + 1 coordinator)")
 
 
-@test(input="tp=1, dp=1 and tp=1, dp=2")
+@test(input="tp=1, dp=1; tp=1, dp=2; tp=1, pp=2; tp=1, pp=2, dp=2")
 def worker_in_engine_core_at_tp1(impl):
     check_equal(impl.serve_process_count(tp=1, dp=1), 2,
                 "processes at tp=1 (the worker is inside the engine core: 1 API + 1 core)")
     check_equal(impl.serve_process_count(tp=1, dp=2), 1 + 2 + 2 + 1,
                 "processes at tp=1, dp=2 (launcher + 2 API + 2 cores + coordinator)")
+    check_equal(impl.serve_process_count(tp=1, dp=1, pp=2), 1 + 1 + 2,
+                "processes at tp=1, pp=2 (tp * pp = 2: two worker processes, not the uni executor)")
+    check_equal(impl.serve_process_count(tp=1, dp=2, pp=2), 1 + 2 + 2 + 4 + 1,
+                "processes at tp=1, pp=2, dp=2 (launcher + 2 API + 2 cores + 4 workers + coordinator)")
 
 
 @test(input="tp=2, dp=2, pp=2, with api_server_count 1 and None")
@@ -36,10 +40,17 @@ def launcher_only_with_several_api_servers(impl):
                 "processes with three API servers")
 
 
-@test(input="tp=0")
+BAD_SIZES = [dict(tp=0, dp=1), dict(tp=1, dp=0), dict(tp=2, dp=1, pp=0), dict(tp=-1, dp=1),
+             dict(tp=2, dp=-2), dict(tp=1, dp=1, pp=-1)]
+
+
+@test(input=", ".join(str(sizes) for sizes in BAD_SIZES))
 def rejects_bad_sizes(impl):
-    try:
-        impl.serve_process_count(tp=0, dp=1)
-    except ValueError:
-        return
-    raise Fail("tp=0 must raise ValueError")
+    for sizes in BAD_SIZES:
+        call = "serve_process_count(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+        try:
+            got = impl.serve_process_count(**sizes)
+        except ValueError:
+            continue
+        raise Fail(f"{call} must raise ValueError: every size (tp, dp, pp) starts at 1",
+                   got=f"returned {got!r}")

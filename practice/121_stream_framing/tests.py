@@ -1,10 +1,12 @@
 """The judge's tests for exercise 121. Each receives the learner's module as `impl`."""
 
 import fcntl
+import re
 import socket
 import struct
 import termios
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 from minivllm.judge.api import Fail, check_equal, test
@@ -45,25 +47,97 @@ def _trickle(sock, data, reader, close=True):
     return t
 
 
-@test(input="frames b'hello' and b'' sent with send_frame, read with recv_frame")
+BOUNDARY_SIZES = (65535, 65536)  # one byte under and at 2**16: a 4-byte header has room
+
+
+def _read_frame(sock) -> bytes:
+    """The judge's own reader: a header, then exactly that many bytes."""
+    def exact(n):
+        data = b""
+        while len(data) < n:
+            piece = sock.recv(n - len(data))
+            if not piece:
+                raise Fail(f"send_frame's bytes ended with {n - len(data)} of {n} missing")
+            data += piece
+        return data
+    return exact(struct.unpack("!I", exact(4))[0])
+
+
+@test(input="b'hello', b'', 65535 and 65536 bytes sent with send_frame, read back by the judge; "
+            "b'' written by the judge, read with recv_frame")
 def round_trip(impl):
     a, b = _pair()
     try:
         impl.send_frame(a, b"hello")
-        impl.send_frame(a, b"")
         check_equal(b.recv(4), struct.pack("!I", 5), "the header on the wire (4 bytes, big-endian)")
         check_equal(b.recv(5), b"hello", "the payload after the header")
-        check_equal(impl.recv_frame(b), b"", "an empty frame")
+        for size in BOUNDARY_SIZES:
+            payload = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+            with ThreadPoolExecutor(1) as pool:  # the judge reads while send_frame writes
+                reading = pool.submit(_read_frame, b)
+                try:
+                    impl.send_frame(a, payload)
+                except Exception as exc:
+                    a.shutdown(socket.SHUT_WR)  # ends the judge's read
+                    raise Fail(f"send_frame of {size} bytes raised: the header holds any "
+                               f"length below 2**32", got=repr(exc))
+                got = reading.result()
+            if got != payload:
+                raise Fail(f"a frame of {size} bytes came out wrong: the header holds any length "
+                           f"below 2**32", expected=f"{size} bytes", got=f"{len(got)} bytes")
+        a.sendall(struct.pack("!I", 0))
+        try:
+            got = impl.recv_frame(b)
+        except Exception as exc:
+            raise Fail("an empty frame (a header saying 0) is a valid frame: recv_frame must "
+                       "return b'' without waiting for more", got=repr(exc))
+        check_equal(got, b"", "an empty frame")
     finally:
         a.close()
         b.close()
 
 
-@test(input="3 frames (1000 B, 0 B, 70000 B) arriving in pieces of 1 to 997 bytes, then a clean close",
+@test(input="frames of 3, 0, 2 and 700 bytes glued into one send(), then a close at once")
+def glued_frames(impl):
+    a, b = _pair()
+    frames = [b"abc", b"", b"de", bytes(range(100)) * 7]
+    ends, wire = [], b""
+    for f in frames:
+        wire += struct.pack("!I", len(f)) + f
+        ends.append(len(wire))
+    a.sendall(wire)
+    a.close()
+    try:
+        for i, f in enumerate(frames):
+            try:
+                got = impl.recv_frame(b)
+            except Exception as exc:
+                got = exc
+            taken = len(wire) - _queued(b)
+            if taken > ends[i]:
+                raise Fail(f"recv_frame for frame {i} ({len(f)} bytes) took {taken - ends[i]} "
+                           f"bytes of the next frame out of the socket: it read past the frame's "
+                           f"end. Ask recv() for at most the bytes still missing; the rest "
+                           f"belongs to the next call", got=repr(got)[:80])
+            if got != f:
+                raise Fail(f"frame {i} of frames glued into one send() came out wrong",
+                           expected=repr(f)[:80], got=repr(got)[:80])
+        try:
+            last = impl.recv_frame(b)
+        except Exception as exc:
+            last = exc
+        check_equal(last, None, "recv_frame after every frame was read and the peer closed "
+                    "cleanly between frames (None)")
+    finally:
+        b.close()
+
+
+@test(input="4 frames (1000 B, 0 B, 65535 B, 65536 B) arriving in pieces of 1 to 997 bytes, "
+            "then a clean close",
       hang="recv_frame waits for bytes that are not coming: is recv_exact asking for the right count?")
 def partial_reads(impl):
     a, b = _pair()
-    frames = [bytes(range(256)) * 4, b"", b"x" * 70000]
+    frames = [bytes(range(256)) * 4, b"", b"x" * 65535, b"y" * 65536]
     wire = b"".join(struct.pack("!I", len(f)) + f for f in frames)
     t = _trickle(a, wire, b)
     try:
@@ -78,40 +152,44 @@ def partial_reads(impl):
                 raise Fail(f"frame {i} came out wrong: a recv() may return fewer bytes than asked",
                            expected=f"{len(f)} bytes", got=f"{len(got) if got is not None else None} bytes",
                            input="pieces of 1, 1, 1, 1, 7 and 997 bytes per recv()")
-        check_equal(impl.recv_frame(b), None, "recv_frame after the peer closed between frames")
+        try:
+            last = impl.recv_frame(b)
+        except Exception as exc:
+            last = exc
+        check_equal(last, None, "recv_frame after the peer closed between frames (a clean end)")
     finally:
         b.close()  # first, so that a blocked sender fails instead of waiting forever
         t.join()
 
 
-@test(input="two frames glued into one send()")
-def glued_frames(impl):
-    a, b = _pair()
-    try:
-        a.sendall(struct.pack("!I", 3) + b"abc" + struct.pack("!I", 2) + b"de")
-        check_equal([impl.recv_frame(b), impl.recv_frame(b)], [b"abc", b"de"], "two frames from one send")
-    finally:
-        a.close()
-        b.close()
+CLOSES = [(struct.pack("!I", 10) + b"abcd", "inside the payload", 6),
+          (b"\x00\x00", "inside the header", 2),
+          (struct.pack("!I", 2**31) + b"abcd", "inside a payload of 2**31 bytes", 2**31 - 4)]
 
 
-@test(input="a header saying 10 bytes, then 4 bytes, then close; and a close after 2 header bytes",
+@test(input="a header saying 10 bytes, then 4 bytes, then close; a close after 2 header bytes; "
+            "a header saying 2**31 bytes, then 4 bytes, then close",
       timeout=4, hang="a loop that keeps calling recv() after it returned b\"\" (EOF) never ends")
 def close_inside_a_frame(impl):
-    for wire, where in [(struct.pack("!I", 10) + b"abcd", "inside the payload"),
-                        (b"\x00\x00", "inside the header")]:
+    for wire, where, missing in CLOSES:
         a, b = _pair()
         a.sendall(wire)
         a.close()
         try:
-            impl.recv_frame(b)
-        except ConnectionError:
+            got = impl.recv_frame(b)
+        except ConnectionError as e:
+            if not re.search(rf"\b{missing}\b", str(e)):
+                raise Fail(f"the ConnectionError for a close {where} must say how many bytes were "
+                           f"missing ({missing})", got=str(e), input=repr(wire))
             continue
         except Exception as e:
             raise Fail(f"a close {where} must raise ConnectionError", got=repr(e), input=repr(wire))
         finally:
             b.close()
-        raise Fail(f"a close {where} must raise ConnectionError, not return", input=repr(wire))
+        signed = " (a length of 2**31 or more read as a signed int is negative: the header is " \
+                 "unsigned, '!I')" if where.endswith("2**31 bytes") else ""
+        raise Fail(f"a close {where} must raise ConnectionError, not return{signed}",
+                   got=repr(got)[:80], input=repr(wire))
 
 
 class _Huge:

@@ -328,3 +328,70 @@ def processes(impl):
     if failure:
         raise Fail(f"the sender failed after {sent} messages: {type(failure).__name__}: {failure}",
                    input=where)
+
+
+def _child_closes(ch) -> None:
+    ch.keep("receiver")
+    ch.close()
+
+
+def _same_pipe(r: int, w: int) -> bool:
+    try:
+        os.write(w, b"?")
+        return os.read(r, 1) == b"?"
+    except OSError:
+        return False
+
+
+def _reuse(r_fd: int, w_fd: int, closer: str) -> tuple[int, int]:
+    """A new pipe on the fd numbers r_fd and w_fd, which `closer` must have closed: what any
+    later open() in the process may get."""
+    left = [fd for fd in (r_fd, w_fd) if _is_open(fd)]
+    if left:
+        raise Fail(f"{closer} left fds {left} open", input=f"fds {r_fd}, {w_fd}")
+    r, w = os.pipe()
+    for src, dst in ((r, r_fd), (w, w_fd)):
+        if src != dst:
+            os.dup2(src, dst)
+    for src in (r, w):
+        if src not in (r_fd, w_fd):
+            os.close(src)
+    return r_fd, w_fd
+
+
+@test(input="DoorbellChannel(2, 4096); a forked child keeps the receiver side and closes; the "
+            "parent keeps the sender side, puts a pipe on the fd numbers keep() freed, closes, "
+            "puts another pipe on those close() freed, closes again", timeout=15)
+def close_owns_only_its_own(impl):
+    ch = impl.DoorbellChannel(2, 4096)
+    name = ch.name.lstrip("/")
+    proc = mp.get_context("fork").Process(target=_child_closes, args=(ch,))
+    proc.start()
+    proc.join(scaled(10))
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    if not os.path.exists(f"/dev/shm/{name}"):
+        ch.close()
+        raise Fail("a forked child's close() unlinked the segment while its creator still uses it: "
+                   "only the process that created the channel unlinks (remember its pid)",
+                   got=f"/dev/shm/{name} gone after the child's close()")
+    ch.keep("sender")
+    pipes = [_reuse(ch.bell_r, ch.ack_w, "keep('sender')")]
+    ch.close()
+    pipes.append(_reuse(ch.bell_w, ch.ack_r, "close()"))
+    ch.close()
+    try:
+        for r, w in pipes:
+            if not _same_pipe(r, w):
+                raise Fail("close() closed file descriptors that were no longer the channel's: "
+                           "after keep() or an earlier close() freed them, this process reused "
+                           "the numbers for a new pipe. Close each of your fds once, and forget it",
+                           got=f"the test's pipe ({r}, {w}) was closed by DoorbellChannel.close()",
+                           input="fds freed by keep() and close(), reused by a new pipe")
+    finally:
+        for fd in [fd for pair in pipes for fd in pair if _is_open(fd)]:
+            os.close(fd)
+    if os.path.exists(f"/dev/shm/{name}"):
+        raise Fail(f"after the creator's close() /dev/shm/{name} still exists: the creator "
+                   f"unlinks the segment, even when a child closed first")

@@ -1,8 +1,8 @@
 """The judge's tests for exercise 123. Each receives the learner's module as `impl`.
 
 Every pipe and process is real. The switch counts are checked where the test makes them
-deterministic: a child that sleeps N times has at least N voluntary switches, and a writer
-whose reader drains the pipe only once it is full blocks about once per pipe-full.
+deterministic: a process seen blocked in a read N times has at least N voluntary switches, and
+a writer whose reader drains the pipe only once it is full blocks about once per pipe-full.
 """
 
 from __future__ import annotations
@@ -15,14 +15,20 @@ import subprocess
 import sys
 import tempfile
 import termios
+import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
 
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 KIB, MIB = 1 << 10, 1 << 20
 WAIT_S = scaled(10.0)  # a pipe not filled (or a child not answering) in this long never will
-SLEEPS = 300  # 1 ms sleeps in the probe child: each is at least one voluntary switch
+S = scaled(1.0)  # the trickle stretches with the judge's time limits, and the slack with it
+TRICKLE_S = 0.25 * S  # a stopped writer is let run this often, for 2 ms
+SELECT_SLACK_S = 0.5 * S  # a select may end this far past the deadline (a stall before the call)
+BLOCKS = 100  # reads the judge sees blocked (state S) before it lets them go: each is a switch
 
 
 def _real_max() -> int:
@@ -179,39 +185,63 @@ def halves_on_eperm(impl):
         check_equal(size, max_size, f"F_GETPIPE_SZ after {case}", input=case)
 
 
-def _sleeper():
-    code = ("import sys, time\n"
-            f"for _ in range({SLEEPS}): time.sleep(0.001)\n"
-            "sys.stdout.write('x'); sys.stdout.flush(); sys.stdin.read()\n")
+def _blocker():
+    """A child that, BLOCKS times, says b"r" and then blocks reading one byte from stdin."""
+    code = ("import os\n"
+            f"for _ in range({BLOCKS}): os.write(1, b'r'); os.read(0, 1)\n"
+            "os.write(1, b'x'); os.read(0, 1)\n")
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+                            stdout=subprocess.PIPE, bufsize=0)
 
 
-@test(input=f"a child that slept {SLEEPS} x 1 ms; this process after 50 sleeps; a reaped child",
-      timeout=20)
+def _wake_when_asleep(pid: int, stat: str, write_fd: int, what: str) -> None:
+    """Write one byte to write_fd once the thread whose /proc stat file is `stat` is seen
+    asleep (S): it is blocked in its read, so that read was one voluntary switch."""
+    deadline = time.monotonic() + WAIT_S
+    while _state(pid, stat) != "S":
+        if time.monotonic() > deadline:
+            raise Fail(f"{what} was never seen blocked in its read")  # the machine is stuck
+        time.sleep(0.0002)
+    os.write(write_fd, b"g")
+
+
+@test(input=f"a child seen blocked in a pipe read {BLOCKS} times; this process, blocked in a "
+            f"pipe read {BLOCKS} times; a reaped child", timeout=30)
 def counts_voluntary_switches(impl):
-    proc = _sleeper()
+    proc = _blocker()
     try:
-        if not select.select([proc.stdout], [], [], WAIT_S)[0]:
-            raise Fail("the probe child did not finish its sleeps")  # the machine is stuck
+        for _ in range(BLOCKS):
+            if proc.stdout.read(1) != b"r":
+                raise Fail("the probe child died")  # the machine is broken
+            _wake_when_asleep(proc.pid, f"/proc/{proc.pid}/stat", proc.stdin.fileno(),
+                              "the probe child")
         proc.stdout.read(1)
         got = impl.voluntary_switches(proc.pid)
-        if not isinstance(got, int) or got < SLEEPS:
-            raise Fail(f"voluntary_switches(pid) of a child that slept {SLEEPS} times: each sleep "
-                       "blocks, so at least that many voluntary switches (the line is "
-                       "'voluntary_ctxt_switches:', not 'nonvoluntary_ctxt_switches:')",
-                       expected=f">= {SLEEPS}", got=got)
+        if not isinstance(got, int) or got < BLOCKS:
+            raise Fail(f"voluntary_switches(pid) of a child that the judge saw blocked in a read "
+                       f"{BLOCKS} times: each is a voluntary switch, so at least that many (the "
+                       "line is 'voluntary_ctxt_switches:', not 'nonvoluntary_ctxt_switches:')",
+                       expected=f">= {BLOCKS}", got=got)
     finally:
         proc.stdin.close()
         proc.wait()
         proc.stdout.close()
-    before = impl.voluntary_switches(os.getpid())
-    for _ in range(50):
-        time.sleep(0.001)
-    delta = impl.voluntary_switches(os.getpid()) - before
-    if delta < 50:
-        raise Fail("voluntary_switches(os.getpid()) must grow by at least 50 over 50 sleeps",
-                   expected=">= 50", got=delta)
+    r, w = os.pipe()
+    me = f"/proc/self/task/{os.getpid()}/stat"
+    try:
+        before = impl.voluntary_switches(os.getpid())
+        with ThreadPoolExecutor(1) as pool:
+            for _ in range(BLOCKS):
+                waker = pool.submit(_wake_when_asleep, os.getpid(), me, w, "this process")
+                os.read(r, 1)
+                waker.result()
+        delta = impl.voluntary_switches(os.getpid()) - before
+    finally:
+        os.close(r)
+        os.close(w)
+    if delta < BLOCKS:
+        raise Fail(f"voluntary_switches(os.getpid()) must grow by at least {BLOCKS} over "
+                   f"{BLOCKS} reads that the judge saw blocked", expected=f">= {BLOCKS}", got=delta)
     try:
         got = impl.voluntary_switches(proc.pid)
     except ProcessLookupError:
@@ -220,10 +250,11 @@ def counts_voluntary_switches(impl):
                got=got, input=f"pid {proc.pid}, exited and reaped")
 
 
-def _state(pid: int) -> str:
-    """The process state letter from /proc/<pid>/stat (R running, S sleeping, Z exited)."""
+def _state(pid: int, stat: str = "") -> str:
+    """The state letter from /proc/<pid>/stat, or another stat file (R running, S sleeping,
+    Z exited)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(stat or f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
         return "X"
@@ -281,6 +312,20 @@ def writer_blocks_when_full(impl):
                        input=f"Writer(4 MiB, {pipe_size // KIB} KiB)")
 
 
+def _nothing_left(fds: int, when: str, process_left: str) -> None:
+    """Fail if this process has a child (running or unreaped) or more fds than `fds`."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    else:
+        raise Fail(f"{when}: {process_left}")
+    left = len(os.listdir("/proc/self/fd")) - fds
+    if left:
+        raise Fail(f"{when}: transfer() left {left} file descriptors open: close both pipe ends",
+                   expected=0, got=left)
+
+
 @test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
@@ -296,18 +341,103 @@ def transfer_end_to_end(impl):
         if abs(t.switches_per_mib - expected) > 1e-9:
             raise Fail(f"{what}: switches_per_mib is (writer + reader) switches per MiB moved",
                        expected=expected, got=t.switches_per_mib)
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    else:
-        raise Fail("a writer process is still running or unreaped after transfer() returned")
-    left = len(os.listdir("/proc/self/fd")) - fds
-    if left:
-        raise Fail(f"transfer() left {left} file descriptors open: close both pipe ends",
-                   expected=0, got=left)
+    _nothing_left(fds, "after transfer() returned", "a writer process is still running or "
+                  "unreaped")
     try:
         got = impl.transfer(0, 64 * KIB)
     except ValueError:
         return
     raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
+
+
+class _StoppedWriter:
+    """While active, every os.fork() in this process leaves the child stopped (SIGSTOP sent
+    before fork returns to the parent), and a thread lets it run for a moment every TRICKLE_S
+    until `until`: a writer that is alive, sends bytes in a trickle, then stalls. It also
+    records the timeout of each select.select call, and the child pids."""
+
+    def __init__(self, until: float):
+        self.real_fork, self.real_select = os.fork, select.select
+        self.pids, self.selects, self.stop = [], [], threading.Event()
+        self.until, self.gave_up = until, False
+
+    def fork(self):
+        pid = self.real_fork()
+        if pid:
+            os.kill(pid, signal.SIGSTOP)
+            self.pids.append(pid)
+        return pid
+
+    def select(self, r, w, x, timeout=None):
+        self.selects.append((time.monotonic(), timeout))
+        return self.real_select(r, w, x, timeout)
+
+    def trickle(self):
+        while not self.stop.wait(TRICKLE_S) and time.monotonic() < self.until:
+            for pid in self.pids:
+                _signal(pid, signal.SIGCONT)
+            time.sleep(0.002)
+            for pid in self.pids:
+                _signal(pid, signal.SIGSTOP)
+
+    def give_up(self):
+        """The transfer has not given up: end the trickle and the writer (short data)."""
+        self.stop.set()
+        self.gave_up = True
+        for pid in self.pids:
+            _signal(pid, signal.SIGKILL)
+
+    def __enter__(self):
+        os.fork, select.select = self.fork, self.select
+        self.thread = threading.Thread(target=self.trickle, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        os.fork, select.select = self.real_fork, self.real_select
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@test(input="transfer(64 MiB, 64 KiB, timeout=1.0) from a writer that is stopped and let run "
+            "for 2 ms every 0.25 s for 1 s, then stalls (times stretched on a busy machine)",
+      timeout=30)
+def stopped_writer_times_out(impl):
+    asked, fds = 1.0 * S, len(os.listdir("/proc/self/fd"))
+    call = f"transfer(timeout={asked:.2g})"
+    started = time.monotonic()
+    with _StoppedWriter(until=started + asked) as w:
+        timer = threading.Timer(asked + scaled(8.0), w.give_up)
+        timer.start()
+        try:
+            impl.transfer(64 * MIB, 64 * KIB, timeout=asked)
+        except TimeoutError:
+            if w.gave_up:
+                raise Fail(f"{call} raised TimeoutError only after the judge "
+                           f"killed the stalled writer, {time.monotonic() - started:.1f} s in: "
+                           f"kill() it with SIGKILL (a stopped process does not act on SIGTERM)")
+        except Exception as exc:
+            took = time.monotonic() - started
+            raise Fail(f"{call} was still reading {took:.1f} s later, when the "
+                       f"judge killed the writer; a stalled writer must end the transfer with "
+                       f"TimeoutError after `timeout` seconds in all", got=repr(exc))
+        else:
+            raise Fail(f"{call} from a writer that never finishes returned")
+        finally:
+            timer.cancel()
+            w.stop.set()
+            w.thread.join()
+    late = [(round(t - started, 2), timeout) for t, timeout in w.selects
+            if timeout is None or t + timeout > started + asked + SELECT_SLACK_S]
+    if late:
+        raise Fail(f"{call} called select with timeouts that reach past its deadline (bytes "
+                   f"came every {TRICKLE_S:.2g} s): a timeout that restarts at every read is an "
+                   f"idle timeout; the whole transfer must end within `timeout`",
+                   got=f"(seconds since the start, select timeout): {late[:4]}")
+    _nothing_left(fds, "after the TimeoutError", "the stopped writer is still there: kill and "
+                  "reap it")

@@ -7,6 +7,7 @@ in a private directory under the judge's $TMPDIR.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,20 +17,23 @@ import time
 import zmq
 
 from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
+from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
 START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well within this
 STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
+S = scaled(1.0)  # the trickles below stretch with the judge's time limits (polls.POLL_SLACK_S)
+TRICKLE_AT = (0.3, 0.6, 0.9, 3.0, 3.3)  # x S: three outputs before a 1.2 x S deadline, two after
 ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
 
 
 class JudgeEngine(threading.Thread):
     """A correct engine: connects after `delay` s, says READY, reverses prompts, records them."""
 
-    def __init__(self, ctx, rank, d, delay=0.0):
+    def __init__(self, ctx, rank, d, delay=0.0, readies=1):
         super().__init__(daemon=True)
-        self.ctx, self.rank, self.d, self.delay = ctx, rank, d, delay
+        self.ctx, self.rank, self.d, self.delay, self.readies = ctx, rank, d, delay, readies
         self.requests: list[str] = []
         self.stop = threading.Event()
         self.start()
@@ -43,7 +47,8 @@ class JudgeEngine(threading.Thread):
             s.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.d.path("in"))
         push.connect(self.d.path("out"))
-        dealer.send(b"READY")
+        for _ in range(self.readies):  # more than one: an engine that reconnected
+            dealer.send(b"READY")
         try:
             while not self.stop.is_set():
                 if not dealer.poll(20):
@@ -67,10 +72,11 @@ class JudgeEngine(threading.Thread):
 class Bench(EngineBench):
     """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
 
-    def __init__(self, impl, n_engines, delays):
+    def __init__(self, impl, n_engines, delays, readies=1):
         super().__init__()
         self.fe = self.learner = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
-        self.engines = [JudgeEngine(self.ctx, r, self.d, delay) for r, delay in enumerate(delays)]
+        self.engines = [JudgeEngine(self.ctx, r, self.d, delay, readies)
+                        for r, delay in enumerate(delays)]
 
 
 def _engine_process(impl, rank, d, idle_timeout=30.0):
@@ -136,18 +142,34 @@ def close_removes_socket_files(impl):
         fe.close()
 
 
-@test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
-            "ADD r2 'abc', STOP", timeout=25,
-      hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
-def engine_says_ready_first(impl):
+@contextlib.contextmanager
+def _judge_front(impl, rank, idle_timeout=30.0):
+    """The judge's ROUTER and PULL, bound, and your run_engine(rank) in a process; on the way
+    out the process is killed if it still runs, and everything is closed."""
     ctx, d = zmq.Context(), IpcDir()
     router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
     for s in (router, pull):
         s.setsockopt(zmq.LINGER, 0)
     router.bind(d.path("in"))
     pull.bind(d.path("out"))
-    proc = _engine_process(impl, 2, d)
+    proc = _engine_process(impl, rank, d, idle_timeout)
     try:
+        yield router, pull, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        router.close()
+        pull.close()
+        ctx.term()
+        d.close()
+
+
+@test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
+            "ADD r2 'abc', STOP", timeout=25,
+      hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
+def engine_says_ready_first(impl):
+    with _judge_front(impl, 2) as (router, pull, proc):
         if not router.poll(int(START_S * 1000)):
             raise Fail(f"no message from engine 2 within {START_S:g} s: the engine must send "
                        "[b'READY'] first, so that the ROUTER learns its identity",
@@ -163,14 +185,6 @@ def engine_says_ready_first(impl):
                     "the outputs on the PULL: [identity, request_id, prompt[::-1]] per ADD")
         router.send_multipart([ID[2], b"STOP"])
         _finish(proc, "after STOP")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        router.close()
-        pull.close()
-        ctx.term()
-        d.close()
 
 
 @test(input="run_engine(0, ..., idle_timeout=0.5) with nothing bound at either address",
@@ -236,10 +250,11 @@ def gathers_outputs(impl):
                    expected="TimeoutError", got=extra)
 
 
-@test(input="FrontEnd(n_engines=3), only engines 0 and 1 start; wait_ready(1.0)", timeout=15,
+@test(input="FrontEnd(n_engines=3), only engines 0 and 1 start, each sends READY twice; "
+            "wait_ready(1.0)", timeout=15,
       hang="wait_ready must give up after its timeout: poll, never a bare recv.")
 def wait_ready_timeout(impl):
-    with Bench(impl, 3, [0, 0]) as b:
+    with Bench(impl, 3, [0, 0], readies=2) as b:
         try:
             got = b.fe.wait_ready(1.0)
         except TimeoutError as e:
@@ -247,8 +262,84 @@ def wait_ready_timeout(impl):
                 raise Fail("the TimeoutError must list the ranks that did not send READY",
                            expected="... [2] ...", got=str(e))
             return
-        raise Fail("wait_ready(1.0) must raise TimeoutError when engine 2 never says READY",
+        raise Fail("wait_ready(1.0) must raise TimeoutError when engine 2 never says READY "
+                   "(engines 0 and 1 said it twice: count distinct ranks, not messages)",
                    expected="TimeoutError", got=got)
+
+
+def _trickle_outputs(d, times, stop):
+    """The judge's PUSH sends an output for rank 0 at each of `times` (s from now)."""
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(d.path("out"))
+    start = time.monotonic()
+    try:
+        for i, at in enumerate(times):
+            if stop.wait(max(0.0, start + at - time.monotonic())):
+                return
+            push.send_multipart([ID[0], f"t{i}".encode(), b"out"])
+    finally:
+        push.close()
+
+
+@test(input="wait_ready(1.2) with engines 0 and 1 saying READY 0.3 s and 0.6 s in, engine 2 "
+            "never; get_outputs(5, 1.2) with outputs coming 0.3, 0.6, 0.9, 3.0 and 3.3 s in "
+            "(times stretched on a busy machine)",
+      timeout=25)
+def waits_count_in_total(impl):
+    asked = 1.2 * S
+    with Bench(impl, 3, [0.3 * S, 0.6 * S]) as b, PollLog() as polls:
+        try:
+            b.fe.wait_ready(asked)
+        except TimeoutError:
+            pass
+        else:
+            raise Fail("wait_ready must raise TimeoutError when engine 2 never says READY")
+        polls.fail_if_past(asked, f"wait_ready({asked:.2g})", "message")
+    with Bench(impl, 1, [0]) as b:
+        b.fe.wait_ready(START_S)
+        stop = threading.Event()
+        times = [t * S for t in TRICKLE_AT]
+        pusher = threading.Thread(target=_trickle_outputs, args=(b.d, times, stop))
+        with PollLog() as polls:
+            pusher.start()
+            try:
+                got = b.fe.get_outputs(len(TRICKLE_AT), asked)
+            except TimeoutError:
+                got = None
+            finally:
+                stop.set()
+                pusher.join()
+        if got is not None:
+            took = time.monotonic() - polls.started
+            raise Fail(f"get_outputs(5, {asked:.2g}) returned {took:.1f} s after the call, with "
+                       f"outputs that came after its deadline: `timeout` is for all n outputs "
+                       f"together, and every wait must be bounded by it",
+                       got=[o[0] for o in got])
+        polls.fail_if_past(asked, f"get_outputs(5, {asked:.2g})", "output")
+
+
+@test(input="your engine with idle_timeout=1.0, an ADD every 0.2 s for 1.6 s, then silence "
+            "(times stretched on a busy machine)",
+      timeout=30)
+def engine_idle_is_per_message(impl):
+    with _judge_front(impl, 1, idle_timeout=1.0 * S) as (router, pull, proc):
+        if not router.poll(int(START_S * 1000)):
+            raise Fail(f"no READY from engine 1 within {START_S:g} s")
+        router.recv_multipart()
+        answered = []
+        for i in range(8):
+            router.send_multipart([ID[1], b"ADD", f"a{i}".encode(), b"xy"])
+            if not pull.poll(int(WAIT_S * 1000)):
+                break
+            answered.append(pull.recv_multipart()[1].decode())
+            time.sleep(0.2 * S)
+        if len(answered) < 8:
+            raise Fail(f"the engine stopped answering while an ADD came every {0.2 * S:.2g} s: "
+                       f"idle_timeout={S:.2g} counts from the last message, not from the start",
+                       expected=[f"a{i}" for i in range(8)], got=answered)
+        _finish(proc, "1 s after the last ADD (idle_timeout=1.0)")
 
 
 @test(input="your FrontEnd and 2 of your engines as processes; 20 requests; shutdown()",

@@ -11,10 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import zmq
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
 LATE_S = 0.5  # the judge's subscribers connect this long after they start: the slow joiner
@@ -22,6 +25,12 @@ JOIN_S = scaled(8.0)  # subscriber processes starting (and LATE_S) take far less
 QUIET_S = scaled(2.0)  # a subscriber that hears nothing for this long gives up
 YOUR_JOIN_S = 5.0  # the learner's subscribers start at once: plenty, and a cheap failure
 IN_PROCESS_JOIN_S = 2.0  # SUB sockets in the judge's own process subscribe within milliseconds
+
+RECEIVE_CODE = ("import json, sys, {module} as m; "
+                "print(json.dumps([x.decode() for x in m.receive(sys.argv[1], int(sys.argv[2]), "
+                "float(sys.argv[3]))]))")
+S = scaled(1.0)  # the trickles stretch with the judge's time limits (polls.POLL_SLACK_S)
+TRICKLE_S, TRICKLE_IDLE_S = 0.4 * S, 1.0 * S  # a message every 0.4 s to a receive(timeout=1.0)
 
 JUDGE_SUBSCRIBER = """
 import json, sys, time, zmq
@@ -150,28 +159,85 @@ def slow_joiners(impl):
         _check_all_received(results, messages, "subscriber")
 
 
-@test(input="1 SUB socket; wait_for_subscribers(2, 1.0)", timeout=8,
+@test(input="SUB A subscribes to b''; SUB B subscribes to b'x', then unsubscribes; "
+            "wait_for_subscribers(3, 1.0)", timeout=8,
       hang="wait_for_subscribers must give up after its timeout: poll, never a bare recv.")
 def wait_is_bounded(impl):
     with IpcDir() as d:
         ctx = zmq.Context()
         pub = impl.Publisher(d.path("pub"))
-        sub = ctx.socket(zmq.SUB)
+        subs = [ctx.socket(zmq.SUB) for _ in range(2)]
         try:
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.connect(d.path("pub"))
-            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            for sub, topic in zip(subs, (b"", b"x")):
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.connect(d.path("pub"))
+                sub.setsockopt(zmq.SUBSCRIBE, topic)
+            subs[1].setsockopt(zmq.UNSUBSCRIBE, b"x")
             try:
-                seen = pub.wait_for_subscribers(2, 1.0)
+                seen = pub.wait_for_subscribers(3, 1.0)
             except TimeoutError as e:
-                if "1 of 2" not in str(e):
-                    raise Fail("the TimeoutError must say how many joined",
-                               expected="... 1 of 2 ...", got=str(e)) from None
+                if "2 of 3" not in str(e):
+                    raise Fail("the TimeoutError must say how many joined (two subscriptions; "
+                               "an unsubscription, first byte 0, is not one)",
+                               expected="... 2 of 3 ...", got=str(e)) from None
                 return
-            raise Fail("wait_for_subscribers(2, 1.0) with one subscriber must raise TimeoutError",
-                       expected="TimeoutError", got=seen)
+            raise Fail("wait_for_subscribers(3, 1.0) after two subscriptions and one "
+                       "unsubscription must raise TimeoutError: count only messages whose first "
+                       "byte is SUBSCRIBE (1)", expected="TimeoutError", got=seen)
         finally:
-            sub.close()
+            for sub in subs:
+                sub.close()
+            pub.close()
+            ctx.term()
+
+
+def _subscribe_at(ctx, address, times, subs, stop):
+    """A SUB socket subscribes to b'' at each of `times` (s from now); they go into `subs`."""
+    start = time.monotonic()
+    for at in times:
+        if stop.wait(max(0.0, start + at - time.monotonic())):
+            return
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(address)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        subs.append(sub)
+
+
+@test(input="SUB sockets subscribe 0.3 s and 0.6 s in; wait_for_subscribers(3, 1.2); a third "
+            "subscribes; wait_for_subscribers(3, 2.0) (times stretched on a busy machine)",
+      timeout=15)
+def waits_count_in_total(impl):
+    asked = 1.2 * S
+    with IpcDir() as d:
+        ctx, subs, stop = zmq.Context(), [], threading.Event()
+        pub = impl.Publisher(d.path("pub"))
+        joiner = threading.Thread(target=_subscribe_at,
+                                  args=(ctx, d.path("pub"), (0.3 * S, 0.6 * S), subs, stop))
+        try:
+            with PollLog() as polls:
+                joiner.start()
+                try:
+                    pub.wait_for_subscribers(3, asked)
+                except TimeoutError:
+                    pass
+                else:
+                    raise Fail("wait_for_subscribers(3) returned with 2 subscribers")
+            polls.fail_if_past(asked, f"wait_for_subscribers(3, {asked:.2g})", "subscription")
+            joiner.join()
+            _subscribe_at(ctx, d.path("pub"), (0,), subs, stop)
+            try:
+                seen = pub.wait_for_subscribers(3, IN_PROCESS_JOIN_S)
+            except TimeoutError as e:
+                raise Fail("after 2 subscriptions (seen by the first call) and a third, "
+                           "wait_for_subscribers(3) must return: it counts in total, from the "
+                           "start, not afresh at each call", got=f"TimeoutError: {e}") from None
+            check_equal(seen, 3, "wait_for_subscribers(3) after the third subscription")
+        finally:
+            stop.set()
+            joiner.join()
+            for sub in subs:
+                sub.close()
             pub.close()
             ctx.term()
 
@@ -180,9 +246,7 @@ def wait_is_bounded(impl):
       timeout=30)
 def your_subscribers(impl):
     messages = [f"update {i}" for i in range(50)]
-    code = (f"import json, sys, {impl.__name__} as m; "
-            "print(json.dumps([x.decode() for x in m.receive(sys.argv[1], int(sys.argv[2]), "
-            "float(sys.argv[3]))]))")
+    code = RECEIVE_CODE.format(module=impl.__name__)
     with IpcDir() as d:
         pub = impl.Publisher(d.path("pub"))
         procs = [_start(code, d.path("pub"), len(messages), QUIET_S) for _ in range(3)]
@@ -200,3 +264,28 @@ def your_subscribers(impl):
             _kill(procs)
             pub.close()
         _check_all_received(results, messages, "your receive() process")
+
+
+
+@test(input=f"your receive(address, 6, {TRICKLE_IDLE_S:.2g}) in a process; your Publisher "
+            f"sends a message every {TRICKLE_S:.2g} s", timeout=30)
+def receive_waits_per_message(impl):
+    messages = [f"slow {i}" for i in range(6)]
+    with IpcDir() as d:
+        pub = impl.Publisher(d.path("pub"))
+        procs = [_start(RECEIVE_CODE.format(module=impl.__name__), d.path("pub"), len(messages),
+                        TRICKLE_IDLE_S)]
+        try:
+            pub.wait_for_subscribers(1, YOUR_JOIN_S)
+            for m in messages:
+                pub.publish(m.encode())
+                time.sleep(TRICKLE_S)
+            (got,) = _collect(procs, "your receive() process")
+        finally:
+            _kill(procs)
+            pub.close()
+        if got != messages:
+            raise Fail(f"receive(address, 6, timeout={TRICKLE_IDLE_S:.2g}) returned {len(got)} of "
+                       f"6 messages that came every {TRICKLE_S:.2g} s: `timeout` is how long it "
+                       f"waits for the next message, counted from the last one, not a limit on "
+                       f"the whole call", expected=messages, got=got)
