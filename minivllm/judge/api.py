@@ -57,6 +57,19 @@ def check_equal(got: Any, expected: Any, what: str, input: str | None = None) ->
         raise Fail(f"{what} is wrong", expected=expected, got=got, input=input)
 
 
+def kill_if_alive(*procs: Any) -> None:
+    """A test's teardown of the processes it started: SIGKILL each one still running and reap
+    it (a subprocess.Popen, whose pipes are drained too, or a multiprocessing.Process)."""
+    for proc in procs:
+        if hasattr(proc, "poll"):  # subprocess.Popen
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        elif proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def _show(value: Any, limit: int = 300) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"

@@ -16,7 +16,7 @@ import random
 import re
 import termios
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 QUIET_S = 0.2  # how long the tests wait where nothing is supposed to arrive
 PROCESS_WAIT_S = scaled(3.0)  # a message or an EOF not seen in this long is lost, not slow
@@ -318,9 +318,7 @@ def processes(impl):
     ch.close()
     problem = report_r.recv() if report_r.poll(2 * PROCESS_WAIT_S + 2) else ("no report", "a report", "none")
     proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
+    kill_if_alive(proc)
     where = f"{count} messages through {slots} slots, receiver in a forked process"
     if problem:
         what, want, got = problem
@@ -368,9 +366,7 @@ def close_owns_only_its_own(impl):
     proc = mp.get_context("fork").Process(target=_child_closes, args=(ch,))
     proc.start()
     proc.join(scaled(10))
-    if proc.exitcode is None:
-        proc.kill()
-        proc.join()
+    kill_if_alive(proc)
     if not os.path.exists(f"/dev/shm/{name}"):
         ch.close()
         raise Fail("a forked child's close() unlinked the segment while its creator still uses it: "

@@ -16,7 +16,7 @@ import time
 
 import zmq
 
-from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
@@ -156,9 +156,7 @@ def _judge_front(impl, rank, idle_timeout=30.0):
     try:
         yield router, pull, proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_alive(proc)
         router.close()
         pull.close()
         ctx.term()
@@ -361,7 +359,5 @@ def end_to_end(impl):
                 _finish(proc, f"after shutdown(), engine {r}")
         finally:
             for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+                kill_if_alive(proc)
             fe.close()

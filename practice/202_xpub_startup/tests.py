@@ -16,7 +16,7 @@ import time
 
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
@@ -70,13 +70,6 @@ def _collect(procs, what):
             raise Fail(f"{what} {i} exited with code {proc.returncode}", detail=err[-2000:])
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
-
-
-def _kill(procs):
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def _check_all_received(results, messages, what):
@@ -154,7 +147,7 @@ def slow_joiners(impl):
                 pub.publish(m.encode())
             results = _collect(procs, "subscriber")
         finally:
-            _kill(procs)
+            kill_if_alive(*procs)
             pub.close()
         _check_all_received(results, messages, "subscriber")
 
@@ -261,7 +254,7 @@ def your_subscribers(impl):
                 pub.publish(m.encode())
             results = _collect(procs, "your receive() process")
         finally:
-            _kill(procs)
+            kill_if_alive(*procs)
             pub.close()
         _check_all_received(results, messages, "your receive() process")
 
@@ -282,7 +275,7 @@ def receive_waits_per_message(impl):
                 time.sleep(TRICKLE_S)
             (got,) = _collect(procs, "your receive() process")
         finally:
-            _kill(procs)
+            kill_if_alive(*procs)
             pub.close()
         if got != messages:
             raise Fail(f"receive(address, 6, timeout={TRICKLE_IDLE_S:.2g}) returned {len(got)} of "

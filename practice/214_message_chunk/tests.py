@@ -6,7 +6,7 @@ import array
 import multiprocessing as mp
 import random
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 RING_WAIT_S = scaled(10.0)  # a chunk not written or read in this long means a protocol bug
 
@@ -185,9 +185,7 @@ def through_the_ring(impl):
         problem = report_rx.recv() if report_rx.poll(RING_WAIT_S) else "no report from the reader"
     finally:
         proc.join(RING_WAIT_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        kill_if_alive(proc)
         ring.close()
     if problem is not None:
         if isinstance(problem, str):
