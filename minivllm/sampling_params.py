@@ -6,7 +6,7 @@ import msgspec
 
 
 # A seed is a 64-bit integer, as vLLM's OpenAI API takes it
-# (vllm/entrypoints/openai/completion/protocol.py:67); any other negative value is a seed too.
+# (vllm/entrypoints/openai/completion/protocol.py (CompletionRequest)); any other negative value is a seed too.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
@@ -36,5 +36,5 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
             if type(self.seed) is not int or not SEED_MIN <= self.seed <= SEED_MAX:
                 raise ValueError(f"seed must be an integer in [-2**63, 2**63 - 1], got "
                                  f"{self.seed!r}; -1 or None for an unseeded request")
-            if self.seed == -1:  # vLLM's "no seed" (vllm/sampling_params.py:570)
+            if self.seed == -1:  # vLLM's "no seed" (vllm/sampling_params.py (SamplingParams.__post_init__))
                 self.seed = None

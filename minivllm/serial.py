@@ -34,9 +34,9 @@ built, so a small message cannot make the decoder build something big. A field a
 
 pickle runs arbitrary code on the receiver, so an object that msgpack cannot express is a
 `TypeError` unless MINIVLLM_ALLOW_INSECURE_SERIALIZATION=1 (chapter 04).
-In vLLM: vllm/v1/serial_utils.py:135 (MsgpackEncoder), :236 (_encode_ndarray: inline or an
-index into the extra buffers), :220 (the pickle refusal), :312 (MsgpackDecoder), :388
-(_decode_ndarray: np.frombuffer, no copy). vLLM sends an array as a (dtype, shape, data) tuple
+In vLLM: vllm/v1/serial_utils.py, MsgpackEncoder (its _encode_ndarray: inline or an index into
+the extra buffers; its enc_hook: the pickle refusal) and MsgpackDecoder (its _decode_ndarray:
+np.frombuffer, no copy). vLLM sends an array as a (dtype, shape, data) tuple
 that only a typed decoder rebuilds; here an array is one ext value, so untyped decoding
 rebuilds it too.
 Encoder and decoder keep per-call state: use one of each per thread.

@@ -39,7 +39,7 @@ class Tokenizer:
     @property
     def max_chars_per_token(self) -> int:
         """The longest token's text: a prompt of N characters needs at least N / this many
-        tokens, known before tokenizing (vLLM: vllm/tokenizers/hf.py:124)."""
+        tokens, known before tokenizing (vLLM: vllm/tokenizers/hf.py (get_cached_tokenizer))."""
         if self._max_chars_per_token is None:
             self._max_chars_per_token = max(map(len, self.backend.get_vocab()))
         return self._max_chars_per_token

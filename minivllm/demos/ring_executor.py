@@ -3,9 +3,10 @@
     executor (engine core)  --rpc MessageQueue (1 writer, N readers)-->  worker 0 .. N-1
     executor                <--reply MessageQueue per worker (1 reader)--  each worker
 
-This mirrors vLLM's MultiprocExecutor (vllm/v1/executor/multiproc_executor.py:178 creates the
-broadcast queue, :492 enqueues each call, :507 dequeues each reply) and WorkerProc (:720
-attaches with create_from_handle, :725 creates its reply MessageQueue(1, 1)).
+This mirrors vLLM's MultiprocExecutor in vllm/v1/executor/multiproc_executor.py (its
+_init_executor creates the broadcast queue, collective_rpc enqueues each call and dequeues each
+reply) and WorkerProc (its _init_message_queues attaches with create_from_handle and creates
+its reply MessageQueue(1, 1)).
 """
 
 from __future__ import annotations

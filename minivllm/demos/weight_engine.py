@@ -25,7 +25,7 @@ from minivllm.distributed.weight_transfer import WeightMismatchError, WeightRece
 READY_TIMEOUT_S = 60.0  # a spawned child imports torch first: seconds on a busy 2-core machine
 REPLY_TIMEOUT_S = 120.0  # a pickle of 256 MB on a slow machine
 # The engine's work is memory-bound copies. A second OpenMP thread buys little, and on a busy
-# 2-core machine a descheduled one stalls every copy: rounds measured up to 100x slower.
+# 2-core machine a descheduled one stalls every copy (figures/reference_numbers.md).
 ENGINE_THREADS = 1
 MIB = 1 << 20
 

@@ -10,7 +10,7 @@ buffers of large arrays. In a chunk:
 
 An overflowed chunk carries only byte 0, which keeps the message's place in the order.
 vLLM's format is the same idea with big-endian lengths around pickle buffers:
-vllm/distributed/device_communicators/shm_broadcast.py:960-973 (0.33.0).
+vllm/distributed/device_communicators/shm_broadcast.py (MessageQueue.enqueue).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def decode_from(decoder: Any) -> Callable[[memoryview, int], Any]:
     at buf[start:], decoded by decoder (a MsgpackDecoder) while the chunk is held, or OVERFLOWED
     if its frames went to the socket. The common one-frame message is decoded in place, without
     copying the body out first, as vLLM unpickles straight from the ring
-    (shm_broadcast.py:990-1003). The result refers to none of buf."""
+    (vLLM: MessageQueue.dequeue). The result refers to none of buf."""
     borrowed, decode_frames = decoder.decode_borrowed, decoder.decode  # bound once: per message
 
     def decode(buf: memoryview, start: int) -> Any:

@@ -5,10 +5,10 @@ collective returns its input: the model code is the same at TP=1 and TP=N. With 
 worker process calls init_distributed_environment() once; torch.distributed then all-reduces
 over gloo on CPU and over nccl on CUDA. vLLM keeps the same global group
 (vllm/distributed/parallel_state.py: get_tp_group, tensor_model_parallel_all_reduce in
-vllm/distributed/communication_op.py:12), but on CPU it all-reduces through its own
+vllm/distributed/communication_op.py), but on CPU it all-reduces through its own
 shared-memory kernel first and uses gloo only as the fallback
-(vllm/distributed/device_communicators/cpu_communicator.py:32-50 picks _CPUSHMDistributed,
-:228; all_reduce at :84).
+(CpuCommunicator.__init__ in vllm/distributed/device_communicators/cpu_communicator.py picks
+_CPUSHMDistributed; CpuCommunicator.all_reduce uses it).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def get_tp_group() -> TPGroup:
 
 def get_open_port() -> int:
     """A free TCP port on 127.0.0.1 for the group's rendezvous (vLLM:
-    vllm/utils/network_utils.py:192)."""
+    vllm/utils/network_utils.py (get_open_port))."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

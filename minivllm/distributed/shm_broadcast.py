@@ -8,8 +8,8 @@ on other nodes (n_reader - n_local_reader of them) get every message over tcp PU
 A chunk holds one message in the format of message_chunk.py. A message whose frames do not
 fit one chunk overflows: the chunk carries only an OVERFLOW byte, which keeps its place in the
 order, and the frames follow on the XPUB socket that every
-local reader subscribes to. vLLM: vllm/distributed/device_communicators/shm_broadcast.py
-(0.33.0): MessageQueue :495, enqueue :912, dequeue :980, wait_until_ready :688.
+local reader subscribes to. vLLM: MessageQueue (enqueue, dequeue, wait_until_ready) in
+vllm/distributed/device_communicators/shm_broadcast.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ SHM_DIR = "/dev/shm"
 MIB = 1 << 20
 NOT_READY = object()  # write(): the chunk is not free yet; read(): nothing new in it yet
 
-# A lock acquire + release as a fence, as vLLM does (shm_broadcast.py:84-104, vLLM 0.33.0).
+# A lock acquire + release as a fence, as vLLM does (vLLM: _memory_fence_lock in shm_broadcast.py).
 # On x86 it is a full barrier: the mutex's atomic read-modify-write is a locked instruction.
 # The C11 and ARMv8 models promise only acquire and release orderings for a lock, which do
 # not order a store before a later load (chapter 05 says so).
@@ -55,7 +55,7 @@ def check_shm_free_space(required_bytes: int, shm_dir: str = SHM_DIR) -> None:
 class ShmRingBuffer:
     """One writer, n_reader readers, max_chunks chunks of max_chunk_bytes each.
 
-    Memory layout (vLLM's, shm_broadcast.py:293-307):
+    Memory layout (vLLM's, ShmRingBuffer.__init__ in shm_broadcast.py):
 
         +---------+---------+-----+-------------+--------+--------+-----+------------+---------+
         | chunk 0 | chunk 1 | ... | chunk n - 1 | meta 0 | meta 1 | ... | meta n - 1 | waiting |
@@ -226,7 +226,7 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 
     Python < 3.13 registers attached segments too, and the tracker then unlinks the
     writer's segment when a reader exits (https://bugs.python.org/issue39959).
-    vLLM patches the tracker the same way: shm_broadcast.py:358-366.
+    vLLM patches the tracker the same way: ShmRingBuffer.__init__ in shm_broadcast.py.
     """
     register = resource_tracker.register
     resource_tracker.register = lambda name, rtype: None

@@ -12,10 +12,10 @@ and a reader releases a slot when the last array viewing it is freed. The sender
 with no free slot, or an array larger than a slot, `put` returns None and the array goes out of
 band on the socket as before (MsgpackEncoder does this).
 
-In vLLM 0.33.0: vllm/distributed/device_communicators/shm_tensor_arena.py (ShmTensorArena, the
+In vLLM: vllm/distributed/device_communicators/shm_tensor_arena.py (ShmTensorArena, the
 same slots and flags under MessageQueue), and the multimodal cache's shared-memory object store
 between the front end and the engine, vllm/distributed/device_communicators/
-shm_object_storage.py:447 (SingleWriterShmObjectStorage).
+shm_object_storage.py (SingleWriterShmObjectStorage).
 """
 
 from __future__ import annotations

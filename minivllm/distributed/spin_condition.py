@@ -11,7 +11,7 @@ The writer side is one XPUB socket that never drops (SNDHWM = 0): it notifies on
 clears a waiting flag, so a dropped notification would be a lost wakeup. The readers' SUB
 sockets CONFLATE: at most one notification waits per reader.
 
-vLLM's version (shm_broadcast.py:120-236, vLLM 0.33.0) notifies after every enqueue, and a zmq
+vLLM's version (SpinCondition in shm_broadcast.py) notifies after every enqueue, and a zmq
 send to two readers costs about 1 µs, more than half of our whole 1.7 µs enqueue. Ours notifies
 only when a reader said it is about to block: while readers spin, an enqueue costs one byte read
 more than a bare ring's.
@@ -40,7 +40,7 @@ BUSY_LOOP_S = 0.1
 RECHECK_S = 1.0
 # A busy reader drains its notify socket at most this often, when a wait begins or its index
 # wraps around the ring: libzmq queues one internal command per notification until the socket
-# is polled (vLLM: SHM_NOTIFY_POLL_INTERVAL_S, :75).
+# is polled (vLLM: SHM_NOTIFY_POLL_INTERVAL_S).
 DRAIN_S = 2.0
 
 _cancel_ids = itertools.count()

@@ -9,7 +9,7 @@ The engine core runs in a child process (EngineCoreProc) reached through SyncMPC
 vLLM's LLM does with VLLM_ENABLE_V1_MULTIPROCESSING=1 (its default).
 MINIVLLM_ENABLE_V1_MULTIPROCESSING=0 keeps it in this process (InprocClient): no IPC, and the
 model is reachable as llm.engine_core.engine_core.model_executor.
-In vLLM: LLM.generate and LLM.chat, vllm/entrypoints/llm.py:417 and :616.
+In vLLM: LLM.generate and LLM.chat in vllm/entrypoints/llm.py.
 """
 
 from __future__ import annotations

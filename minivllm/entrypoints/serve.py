@@ -5,12 +5,12 @@
 
 One API server (the default): this process is the API server; AsyncLLM starts the engine core
 (and, with -tp > 1, its workers). Several (--api-server-count N > 1, or -dp M > 1, whose default
-is M API servers as in vLLM, vllm/entrypoints/cli/serve.py:124-125): this process stays as the
-launcher (vllm/entrypoints/cli/serve.py:151-152). It binds the listening socket, starts the
+is M API servers as in vLLM, ServeSubcommand.cmd in vllm/entrypoints/cli/serve.py): this process stays as the
+launcher (the same ServeSubcommand.cmd). It binds the listening socket, starts the
 engine cores for N clients (launch_core_engines), then spawns N API server processes that share
 the one socket: the kernel hands each new connection to whichever process accepts first
-(vLLM: run_multi_api_server, vllm/entrypoints/cli/serve.py:269, and APIServerProcessManager,
-vllm/v1/utils.py:167; vLLM's NoSignalServer, vllm/entrypoints/launchers/launcher.py:47-139,
+(vLLM: run_multi_api_server in vllm/entrypoints/cli/serve.py, and APIServerProcessManager in
+vllm/v1/utils.py; vLLM's NoSignalServer in vllm/entrypoints/launchers/launcher.py,
 adds a least-loaded accept that minivllm leaves out). Each API server is one client of every
 engine core, with its own client_index.
 
@@ -75,7 +75,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's multi-node flags (vllm/config/parallel.py:318-327, mp backend)."""
+    """vLLM's multi-node flags (ParallelConfig in vllm/config/parallel.py, mp backend)."""
     g = p.add_argument_group("multi-node tensor parallelism (the TP ranks split over nodes)")
     g.add_argument("--nnodes", type=int, default=1, help="nodes the TP ranks are split over")
     g.add_argument("--node-rank", type=int, default=0,

@@ -1,5 +1,5 @@
-"""The executor interface the engine core talks to. In vLLM: vllm/v1/executor/abstract.py:53
-(get_class at :64, register_failure_callback at :150, collective_rpc at :192)."""
+"""The executor interface the engine core talks to. In vLLM: Executor in
+vllm/v1/executor/abstract.py (get_class, register_failure_callback, collective_rpc)."""
 
 from __future__ import annotations
 

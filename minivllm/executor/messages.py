@@ -7,8 +7,8 @@
 Each Struct is a msgpack array whose first element is its tag (the class name), so the decoder
 knows the type from one string and validates every field; numpy arrays travel as raw frames
 (serial.py). vLLM sends (method, args, kwargs, output_rank) tuples and pickles them
-(vllm/distributed/device_communicators/shm_broadcast.py:912; the worker unpacks them at
-vllm/v1/executor/multiproc_executor.py:1168): any process that can write the ring then runs
+(vllm/distributed/device_communicators/shm_broadcast.py (MessageQueue.enqueue); the worker unpacks them at
+vllm/v1/executor/multiproc_executor.py (WorkerProc._execute_worker_rpc)): any process that can write the ring then runs
 code in every worker. Here a worker can only be asked to run a public method of its Worker
 with msgpack-able arguments.
 

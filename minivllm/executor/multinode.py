@@ -1,10 +1,10 @@
 """The workers of one node, and a node that runs nothing else (`minivllm serve --headless`).
 
 Multi-node tensor parallelism splits the TP ranks evenly over `nnodes` nodes (vLLM:
-vllm/config/parallel.py:318-327, local_world_size = world_size // nnodes). The leader (node
+ParallelConfig in vllm/config/parallel.py, local_world_size = world_size // nnodes). The leader (node
 0) runs the engine core, whose MultiprocExecutor starts ranks 0..L-1 with start_node_workers.
 Every other node runs run_headless, which starts its own L ranks and waits (vLLM:
-run_headless, vllm/entrypoints/cli/serve.py:181-230, a MultiprocExecutor without a ring
+run_headless in vllm/entrypoints/cli/serve.py, a MultiprocExecutor without a ring
 that monitors its workers inline). How the ranks find each other: worker/multinode.py.
 
 A headless node ends when its workers end: the leader's shutdown (or death, or a cut link)

@@ -1,5 +1,5 @@
 """MultiprocExecutor: the engine core's side of N worker processes (vLLM's
-vllm/v1/executor/multiproc_executor.py:125).
+vllm/v1/executor/multiproc_executor.py (MultiprocExecutor)).
 
     engine core process                                  worker processes (WorkerProc)
     MultiprocExecutor ──rpc_broadcast_mq (1 writer, N readers, shm ring)──> rank 0 .. N-1
@@ -7,19 +7,22 @@ vllm/v1/executor/multiproc_executor.py:125).
                       ── ready pipe / death pipe per worker (utils/mp.launch) ──
                       monitor thread: wait(sentinels)
 
-- One broadcast queue carries every call (vLLM :178); each worker creates its own reply queue
-  and sends its handle through the ready pipe (:725, :1031-1037).
-- execute_model waits for the output rank's reply only (:406-417, :492-498); collective_rpc
+- One broadcast queue carries every call (vLLM: MultiprocExecutor._init_executor); each worker
+  creates its own reply queue and sends its handle through the ready pipe
+  (WorkerProc._init_message_queues, WorkerProc.worker_main).
+- execute_model waits for the output rank's reply only (MultiprocExecutor.execute_model and
+  collective_rpc's unique_reply_rank); collective_rpc
   waits for every rank, with one deadline for the whole call, and names the rank that failed.
-- A monitor thread waits on the workers' sentinels (:364-398). When one dies, it first fails
+- A monitor thread waits on the workers' sentinels (MultiprocExecutor.start_worker_monitor).
+  When one dies, it first fails
   every pending wait (shuts the queues down), then calls the failure callback (the engine core
   reports itself dead), and only then stops the other workers. vLLM shuts down first (which
   waits up to VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then 4 s after SIGTERM) and calls back
   after, so its caller can wait ~9 s to hear of the death.
-- shutdown() escalates for all workers at once (:559-643): ask (b"stop" on the death pipes),
+- shutdown() escalates for all workers at once (MultiprocExecutor.shutdown): ask (b"stop" on the death pipes),
   wait, SIGTERM, wait, SIGKILL; then it unlinks by name the reply rings and ipc files of
   workers that were killed before they could.
-- Across nodes (nnodes > 1, :162-184): this node's ranks read the ring from shm, the other
+- Across nodes (nnodes > 1, as MultiprocExecutor._init_executor does): this node's ranks read the ring from shm, the other
   nodes' ranks read it over tcp (remote readers) and reply over tcp; their workers are started
   by `minivllm serve --headless` there (executor/multinode.py), so the executor has no
   sentinel for them: a PeerWatch on their reply connections reports their death.
@@ -97,7 +100,7 @@ class MultiprocExecutor(Executor):
         self.world_size = self.config.tensor_parallel_size
         self.local_world_size = self.config.local_world_size
         self.remote_watch: PeerWatch | None = None
-        self.output_rank = 0  # the rank whose reply execute_model waits for (vLLM :649)
+        self.output_rank = 0  # the rank whose reply execute_model waits for (vLLM: output_rank)
         self.workers: list[WorkerProcHandle] = []
         self.failure_callback: FailureCallback | None = None
         self.failed, self.failure = threading.Event(), ""  # set once failure is written
@@ -109,7 +112,7 @@ class MultiprocExecutor(Executor):
         self._fail_lock = threading.Lock()
         oversubscribed = self.local_world_size >= len(os.sched_getaffinity(0))
         # the ring: shm for this node's ranks, tcp at master_addr for the other nodes' (vLLM
-        # :162-184 passes get_ip(); master_addr is the address every node already reaches)
+        # passes get_ip(); master_addr is the address every node already reaches)
         self.rpc_broadcast_mq = MessageQueue(
             self.world_size, self.local_world_size,
             connect_ip=self.config.master_addr if self.config.nnodes > 1 else None,

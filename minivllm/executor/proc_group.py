@@ -1,6 +1,6 @@
 """The worker processes as a group: how they start (spawn, side by side) and how they stop
 (all at once: ask, wait, SIGTERM, wait, SIGKILL; vLLM's _ensure_worker_termination,
-vllm/v1/executor/multiproc_executor.py:559-608). One process's launch and its pipes are
+vllm/v1/executor/multiproc_executor.py (MultiprocExecutor._ensure_worker_termination)). One process's launch and its pipes are
 utils/mp.py's."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def worker_mp_context() -> BaseContext:
-    """spawn, as vLLM's CPU platform forces (vllm/platforms/cpu.py:426), unless the user
+    """spawn, as vLLM's CPU platform forces (vllm/platforms/cpu.py (CpuPlatform.check_and_update_config)), unless the user
     chose a start method: a child forked from a process whose OpenMP pool already ran hangs in
     its first multi-threaded matmul (GNU libgomp is not fork-safe; measured here with torch:
     a forked child at 2 threads never returned, at 1 thread it did)."""

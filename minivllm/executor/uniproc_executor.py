@@ -1,5 +1,5 @@
 """One worker, in the engine core's own process: every call is a method call.
-In vLLM: vllm/v1/executor/uniproc_executor.py:51 (collective_rpc at :90)."""
+In vLLM: UniProcExecutor in vllm/v1/executor/uniproc_executor.py (and its collective_rpc)."""
 
 from __future__ import annotations
 

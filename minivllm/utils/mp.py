@@ -9,7 +9,7 @@ The child's target is called as target(link, *args, **kwargs). It sets itself up
 link.ready(message), then works until link.should_stop() (or link.wait_stop()).
 
 Three pipes join parent and child (the first two are vLLM's pair,
-vllm/v1/executor/multiproc_executor.py:825-827):
+vllm/v1/executor/multiproc_executor.py (WorkerProc.make_worker_process)):
 
     ready pipe  child -> parent   one message: ("ready", message) or ("error", traceback)
     death pipe  parent -> child   b"stop" asks the child to stop; EOF means the parent is gone,
@@ -45,11 +45,11 @@ from minivllm.utils import owner_exit
 from minivllm.utils.run_dir import mark_dead, remove_at_exit, remove_process_dir, run_dir
 
 START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"  # vLLM's VLLM_WORKER_MULTIPROC_METHOD
-DEFAULT_START_METHOD = "fork"  # vLLM's default (vllm/envs.py:939): the cheapest start
+DEFAULT_START_METHOD = "fork"  # vLLM's default (VLLM_WORKER_MULTIPROC_METHOD in vllm/envs.py): the cheapest start
 START_METHODS = ("fork", "spawn", "forkserver")
 READY_TIMEOUT_S = 60.0  # loading the model takes seconds on 2 cores; a minute means stuck
 STOP_GRACE_S = 5.0  # a child leaves its loop this fast after a polite request, or is terminated
-TERM_GRACE_S = 2.0  # after SIGTERM, before SIGKILL (vLLM waits 4 s, multiproc_executor.py:599)
+TERM_GRACE_S = 2.0  # after SIGTERM, before SIGKILL (vLLM waits 4 s: MultiprocExecutor._ensure_worker_termination)
 PARENT_DEATH_GRACE_S = 1.0  # an orphan's target gets this long to return before SIGTERM to self
 STOP_REQUEST = b"stop"
 EXIT_PARENT_DIED = 3  # the exit code of a child that outlived its parent's grace
@@ -166,7 +166,7 @@ def _child_main(target: Any, args: tuple, kwargs: dict, name: str, ready_conn, d
                 alive_conn, parent_ends: list, parent_pid: int) -> None:
     # Under fork the child holds copies of this launch's parent ends (the ones of earlier
     # launches went in _after_fork_in_child); an open copy of a death pipe's write end would
-    # hide the parent's death (vLLM: multiproc_executor.py:1004-1013).
+    # hide the parent's death (vLLM: WorkerProc.worker_main).
     for conn in parent_ends:
         conn.close()
     _OWN_ALIVE_ENDS.append(alive_conn)  # held until this process exits

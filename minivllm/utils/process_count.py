@@ -1,13 +1,14 @@
-"""How many processes `vllm serve` starts on one node, by its code in vLLM 0.33.0.
+"""How many processes `vllm serve` starts on one node, by its code in the vLLM release minivllm follows (minivllm.VLLM_VERSION).
 
-- API servers: `--api-server-count`, by default the DP size (vllm/entrypoints/cli/serve.py:124-125).
+- API servers: `--api-server-count`, by default the DP size (ServeSubcommand.cmd in
+  vllm/entrypoints/cli/serve.py).
 - The launcher: with more than one API server, the CLI process does not serve HTTP itself; it
-  spawns the API servers and engine cores and stays alive to watch them (serve.py:151-152 calls
-  run_multi_api_server, :269-390). With one API server, the CLI process *is* the API server.
+  spawns the API servers and engine cores and stays alive to watch them (ServeSubcommand.cmd
+  calls run_multi_api_server). With one API server, the CLI process *is* the API server.
 - One engine core per DP rank.
 - DP x PP x TP workers, except when TP x PP == 1: then the executor is "uni"
-  (vllm/config/parallel.py:1098-1099) and the worker is an object inside the engine core.
-- One DP coordinator when DP > 1 (vllm/config/vllm.py:873, needs_dp_coordinator, for the
+  (vllm/config/parallel.py (ParallelConfig.__post_init__)) and the worker is an object inside the engine core.
+- One DP coordinator when DP > 1 (vllm/config/vllm.py (VllmConfig.needs_dp_coordinator), for the
   default internal load balancing).
 
 vLLM's docs (docs/design/arch_overview.md, "Process Count Summary") count differently: they leave

@@ -12,9 +12,9 @@
 - `dp_rank_identity(rank)`: a DEALER's identity is its data-parallel rank as 2 bytes, little
   endian, so a ROUTER addresses engine 3 as b"\\x03\\x00".
 
-In vLLM: vllm/utils/network_utils.py:349 (make_zmq_socket), :334 (the large-buffer policy), :175
-(get_open_zmq_ipc_path: a fresh ipc path per engine),
-vllm/v1/engine/core_client.py:754 (rank.to_bytes(2, "little")).
+In vLLM: vllm/utils/network_utils.py, make_zmq_socket (and _get_zmq_socket_buffer_size, the
+large-buffer policy) and get_open_zmq_ipc_path (a fresh ipc path per engine); the identity,
+rank.to_bytes(2, "little"), in MPClient.__init__ (vllm/v1/engine/core_client.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Rows with one query token (decodes) are moved to the front, so that attention can treat them
 as one batch; the sampled tokens are mapped back to the scheduler's row order at the end.
-In vLLM: GPUModelRunner, vllm/v1/worker/gpu_model_runner.py:475 (_prepare_inputs at :1924,
-execute_model at :3906).
+In vLLM: GPUModelRunner in vllm/v1/worker/gpu_model_runner.py (its _prepare_inputs and
+execute_model).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A worker's part in multi-node tensor parallelism (vLLM: WorkerProc._init_message_queues,
-vllm/v1/executor/multiproc_executor.py:715-742).
+WorkerProc._init_message_queues in vllm/v1/executor/multiproc_executor.py).
 
     leader node (node_rank 0)                         node 1 .. nnodes-1 (serve --headless)
     executor ─ ring (shm) ─> local ranks 0..L-1       ranks r*L .. r*L+L-1

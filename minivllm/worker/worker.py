@@ -4,7 +4,7 @@ With one worker it is an object inside the engine core process (UniProcExecutor)
 "mp" executor each worker lives in its own process (WorkerProc, worker_proc.py), receives the
 same SchedulerOutput by broadcast, and holds 1 / N of every layer (tensor parallelism).
 Every public method here can be called on all workers at once with
-`executor.collective_rpc(name, args)`. In vLLM: vllm/v1/worker/gpu_worker.py:197.
+`executor.collective_rpc(name, args)`. In vLLM: vllm/v1/worker/gpu_worker.py (Worker).
 """
 
 from __future__ import annotations

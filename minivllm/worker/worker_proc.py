@@ -5,10 +5,11 @@
 
 The process is started by utils/mp.launch, with vLLM's two pipes: the ready pipe carries the
 handles of the reply queues, by rank (this worker's own; across nodes rank 0's also carries
-the other nodes' ranks', see worker/multinode.py) (vllm/v1/executor/multiproc_executor.py:725,
-sent at :1031-1037, read by wait_for_ready :887-922), the death pipe tells it to stop
+the other nodes' ranks', see worker/multinode.py) (vLLM: WorkerProc._init_message_queues in
+vllm/v1/executor/multiproc_executor.py, sent by WorkerProc.worker_main, read by
+WorkerProc.wait_for_ready), the death pipe tells it to stop
 (b"stop") or that the engine core is gone (EOF). Then the worker loops: dequeue a request, run
-it, and reply if it is the output rank (vLLM's worker_busy_loop, :1154-1193).
+it, and reply if it is the output rank (vLLM's WorkerProc.worker_busy_loop).
 
 A failed forward pass leaves the ranks out of step in their collectives (the others wait in an
 all-reduce this rank never joins), so a rank whose step fails replies with the error if it is
@@ -55,7 +56,8 @@ REPLY_CHUNKS = 4
 
 
 def process_title(rank: int, world_size: int) -> str:
-    """vLLM's names with our prefix (vLLM: set_process_title(name="Worker_TP0"), :1218-1228)."""
+    """vLLM's names with our prefix (vLLM: set_process_title(name="Worker_TP0") in
+    WorkerProc.setup_proc_title_and_log_prefix)."""
     return f"MINIVLLM::Worker_TP{rank}" if world_size > 1 else "MINIVLLM::Worker"
 
 

@@ -6,13 +6,13 @@ GET /v1/models, /health (200, or 503 once the engine is dead), /metrics (Prometh
 Three behaviours come from vLLM:
 - The body is parsed here, not by FastAPI, so malformed JSON and bad fields are 400 with OpenAI's
   error body, never FastAPI's 422 (vLLM maps RequestValidationError to 400 in
-  vllm/entrypoints/serve/exception_handling/handlers/validation.py:149).
+  vllm/entrypoints/serve/exception_handling/handlers/validation.py (validation_exception_handler)).
 - A client that disconnects cancels its handler, and the cancellation closes the request's
   generator, which aborts it in the engine and frees its KV blocks: `with_cancellation`,
-  vllm/entrypoints/serve/utils/api_utils.py:53-108, for whole responses; for streams, Starlette's
+  vllm/entrypoints/serve/utils/api_utils.py (listen_for_disconnect), for whole responses; for streams, Starlette's
   StreamingResponse listens for the disconnect itself and cancels the stream.
 - When the engine dies, /health answers 503 and a watchdog makes uvicorn exit (vLLM's
-  watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py:314-335);
+  watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py (watchdog_loop));
   streams in flight end with an error event.
 
 A body is read up to MAX_BODY_BYTES and refused with 413 beyond it (vLLM sets no limit; a
@@ -119,7 +119,7 @@ async def with_cancellation(work: Awaitable[Any], request: Request) -> tuple[boo
 
 class ApiKeyMiddleware:
     """401 on /v1 without `Authorization: Bearer <key>` (vLLM: AuthenticationMiddleware,
-    vllm/entrypoints/serve/middleware/authenticate.py:59-60, which answers {"error":
+    vllm/entrypoints/serve/middleware/authenticate.py (AuthenticationMiddleware.__call__), which answers {"error":
     "Unauthorized"}; here the body is OpenAI's error object, which the openai client reads)."""
 
     def __init__(self, app: Callable, api_key: str) -> None:
@@ -136,7 +136,7 @@ class ApiKeyMiddleware:
 
 
 def check_json_media_type(raw: Request) -> None:
-    """vLLM's validate_json_request (vllm/entrypoints/serve/utils/api_utils.py:309): a body
+    """vLLM's validate_json_request (vllm/entrypoints/serve/utils/api_utils.py (validate_json_request)): a body
     that does not say it is JSON is refused, whatever it holds."""
     media_type = raw.headers.get("content-type", "").lower().split(";", 1)[0].strip()
     if media_type != JSON:
@@ -146,7 +146,7 @@ def check_json_media_type(raw: Request) -> None:
 
 async def http_error(raw: Request, exc: HTTPException) -> Response:
     """404 and 405 in OpenAI's error shape, typed by the status's phrase as vLLM does
-    (vllm/entrypoints/serve/exception_handling/handlers/http.py:16)."""
+    (vllm/entrypoints/serve/exception_handling/handlers/http.py (http_exception_handler))."""
     status = HTTPStatus(exc.status_code)
     err = OpenAIError(f"{exc.detail}: {raw.method} {raw.url.path}; this server serves POST "
                       f"/v1/chat/completions and /v1/completions, GET /v1/models, /health and "
@@ -163,7 +163,7 @@ def parse_body(model: type[pydantic.BaseModel], body: bytes) -> pydantic.BaseMod
 def build_app(engine: Any, served_model_names: list[str], api_key: str | None = None) -> FastAPI:
     return_big_buffers_to_the_os()
     metrics = ServerMetrics(served_model_names[0])
-    # one thread, as vLLM's renderer has (vllm/renderers/base.py:92): requests queue for it
+    # one thread, as vLLM's renderer has (vllm/renderers/base.py (_SwappableExecutor.__init__)): requests queue for it
     executor = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
     chat = OpenAIServingChat(engine, served_model_names, metrics, executor)
     completion = OpenAIServingCompletion(engine, served_model_names, metrics, executor)
@@ -232,7 +232,7 @@ def build_app(engine: Any, served_model_names: list[str], api_key: str | None = 
 class NoSignalServer(uvicorn.Server):
     """uvicorn without its own signal handlers: after serving it re-raises a captured SIGTERM,
     which would kill the process before the engine is shut down. run_server installs its own
-    (vLLM does the same: vllm/entrypoints/launchers/launcher.py:47-71, capture_signals)."""
+    (vLLM does the same: vllm/entrypoints/launchers/launcher.py (NoSignalServer), capture_signals)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -6,10 +6,10 @@ each position's sampled token plus the top `logprobs` (up to logprobs + 1 entrie
 convention); chat shows the first `top_logprobs` of the same list, the sampled token first.
 Logprobs of -inf are written as -9999.0, as OpenAI and vLLM do. Echoed prompt tokens get their
 logprobs from one pass over the prompt (Worker.prompt_logprobs); the first has none. In vLLM:
-_create_completion_logprobs, vllm/entrypoints/openai/completion/serving.py:714;
-_create_chat_logprobs, vllm/entrypoints/openai/chat_completion/serving.py:1216; the limits,
-vllm/sampling_params.py:922 (_validate_logprobs) and
-vllm/entrypoints/openai/chat_completion/protocol.py:873 (check_logprobs).
+_create_completion_logprobs, vllm/entrypoints/openai/completion/serving.py (OpenAIServingCompletion._create_completion_logprobs);
+_create_chat_logprobs, vllm/entrypoints/openai/chat_completion/serving.py (OpenAIServingChat._create_chat_logprobs); the limits,
+vllm/sampling_params.py (SamplingParams._validate_logprobs) and
+vllm/entrypoints/openai/chat_completion/protocol.py (ChatCompletionRequest.check_logprobs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProbs, ChatLo
 from minivllm.entrypoints.openai.serving_engine import OpenAIError
 from minivllm.tokenizer import Tokenizer
 
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs (vllm/config/model.py:286)
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs (vllm/config/model.py (ModelConfig))
 LOGPROB_FLOOR = -9999.0  # what a -inf logprob is written as: JSON has no infinity
 
 

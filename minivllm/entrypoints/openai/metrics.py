@@ -4,16 +4,16 @@ Gauges (requests running and waiting, KV-cache blocks) are read from the engine 
 /metrics is scraped (AsyncLLM.get_stats); counters and histograms are updated by the API server
 as outputs arrive. Tokens are counted as they arrive, so an aborted request's count too; every
 request that ends is counted once by how it ended (request_success_total{finished_reason}:
-stop, length, abort for a client that left, error). In vLLM: vllm/v1/metrics/loggers.py:528
-(num_requests_running), :620 (kv_cache_usage_perc), :748 and :799 (prompt and generation
-tokens), :809 (request_success by finished_reason), :931, :941 and :961 (TTFT, inter-token
-latency and e2e histograms; e2e here only for requests the engine finished).
+stop, length, abort for a client that left, error). In vLLM: PrometheusStatLogger.__init__ in
+vllm/v1/metrics/loggers.py (num_requests_running, kv_cache_usage_perc, prompt and generation
+tokens, request_success by finished_reason, the TTFT, inter-token latency and e2e histograms;
+e2e here only for requests the engine finished).
 
 Several API servers (`serve --api-server-count N`) answer /metrics in turn, so each must report
 the sum over all of them: the launcher sets MULTIPROC_ENV to a folder before it starts them
 (shared_metrics_dir), every process writes its values to files there (prometheus_client's
 multiprocess mode), and a scrape adds them up. Counters and histograms sum; the engine gauges
-take the most recent value. vLLM does the same: vllm/v1/metrics/prometheus.py:17-47
+take the most recent value. vLLM does the same: vllm/v1/metrics/prometheus.py (setup_multiprocess_prometheus)
 (setup_multiprocess_prometheus).
 """
 

@@ -9,7 +9,7 @@ end) because the openai client reads it from every chunk.
 
 In vLLM: ChatCompletionRequest, vllm/entrypoints/openai/chat_completion/protocol.py;
 CompletionRequest, vllm/entrypoints/openai/completion/protocol.py; ErrorInfo and ErrorResponse,
-vllm/entrypoints/serve/engine/protocol.py:79-87.
+vllm/entrypoints/serve/engine/protocol.py (ErrorInfo).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """/v1/chat/completions: render the chat template, tokenize, generate, answer or stream.
 
 The stream, in the order the openai client parses it (vLLM:
-vllm/entrypoints/openai/chat_completion/serving.py:472-507 writes each chunk as
+vllm/entrypoints/openai/chat_completion/serving.py (OpenAIServingChat.chat_completion_stream_generator) writes each chunk as
 `data: {json}\\n\\n`, an error as a `data: {"error": ...}` event, and always ends with
 `data: [DONE]`):
 
@@ -51,7 +51,7 @@ class OpenAIServingChat(OpenAIServing):
         return model, token_ids, max_tokens, num_logprobs
 
     def check_logprobs(self, request: ChatCompletionRequest) -> int | None:
-        """vLLM's rules (chat_completion/protocol.py:873): top_logprobs needs logprobs."""
+        """vLLM's rules (ChatCompletionRequest.check_logprobs): top_logprobs needs logprobs."""
         top = request.top_logprobs
         if top is not None and top < 0 and top != -1:
             raise OpenAIError("`top_logprobs` must be a positive value or -1.",

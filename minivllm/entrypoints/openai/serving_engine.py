@@ -4,13 +4,13 @@
 Errors follow vLLM: a client's mistake is 400 BadRequestError with OpenAI's body
 `{"error": {"message", "type", "param", "code"}}`, an unknown model 404 NotFoundError, a dead
 engine 500 InternalServerError (and /health 503). In vLLM: create_error_response,
-vllm/entrypoints/serve/exception_handling/error_response.py:14-104; the context-length check,
-vllm/renderers/params.py:537-551; max_tokens clamped to the room left,
-vllm/entrypoints/serve/utils/api_utils.py:234-271.
+vllm/entrypoints/serve/exception_handling/error_response.py (create_error_response); the context-length check,
+vllm/renderers/params.py (TokenizeParams._token_len_check); max_tokens clamped to the room left,
+vllm/entrypoints/serve/utils/api_utils.py (get_max_tokens).
 
 Tokenizing runs on a worker thread, never on the event loop: one huge prompt must not stall
 every stream and /health. A text longer than the context could hold even at the longest token
-is refused before tokenizing (vLLM: _text_len_check, vllm/renderers/params.py:394).
+is refused before tokenizing (vLLM: _text_len_check, vllm/renderers/params.py (TokenizeParams._text_len_check)).
 """
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
 
 class UsageCounter:
     """Usage as OpenAI and vLLM count it: each prompt's tokens once, however many choices it
-    has (n), and every choice's completion tokens (vLLM: completion/serving.py:500 and :660,
-    chat_completion/serving.py:837). Choice i belongs to prompt i // n."""
+    has (n), and every choice's completion tokens (vLLM: OpenAIServingCompletion's
+    completion_stream_generator and request_output_to_completion_response, OpenAIServingChat's
+    chat_completion_stream_generator_raw). Choice i belongs to prompt i // n."""
 
     def __init__(self, prompt_lens: list[int], n: int) -> None:
         self.prompt_lens, self.n = prompt_lens, n
