@@ -103,6 +103,18 @@ class Harness:
     def seen(self):
         return {"tokens": self.tokens, "finished": self.finished}
 
+    def during_held_step(self, first, adds=(), aborts=()):
+        """ADD `first`, which the model holds in its step; meanwhile send `adds`, then
+        `aborts`; once the input thread queued them all, release the model."""
+        self.add(*first)
+        self.model.wait_entered()
+        for args in adds:
+            self.add(*args)
+        for ids in aborts:
+            self.abort(ids)
+        self.wait_queue("input_queue", len(adds) + len(aborts))
+        self.model.released.set()
+
     def wait_queue(self, name, n):
         q = getattr(self.engine, name)
         deadline = time.monotonic() + WAIT_S
@@ -210,12 +222,7 @@ def abort_during_execute(impl):
 def abort_right_after_add(impl):
     model = GatedModel(lambda n, batch: n == 1)
     with Harness(impl, model, 8) as h:
-        h.add("r0", 2, 2)
-        model.wait_entered()
-        h.add("r1", 2, 5)
-        h.abort(["r1"])
-        h.wait_queue("input_queue", 2)
-        model.released.set()
+        h.during_held_step(("r0", 2, 2), adds=[("r1", 2, 5)], aborts=[["r1"]])
         h.collect(lambda: {"r0", "r1"} <= set(h.finished),
                   "r0 to finish and r1 to be reported finished (aborted)")
         h.quiet()
@@ -257,13 +264,7 @@ def abort_waiting_is_idempotent(impl):
 def admits_in_order(impl):
     model = GatedModel(lambda n, batch: n == 1)
     with Harness(impl, model, 8) as h:
-        h.add("rh", 1, 3)
-        model.wait_entered()
-        h.add("r0", 4, 4)
-        h.add("r1", 4, 20)
-        h.add("r2", 1, 2)
-        h.wait_queue("input_queue", 3)
-        model.released.set()
+        h.during_held_step(("rh", 1, 3), adds=[("r0", 4, 4), ("r1", 4, 20), ("r2", 1, 2)])
         h.collect(lambda: {"rh", "r0", "r1", "r2"} <= set(h.finished), "all four to finish",
                   timeout=WAIT_S * 2)
         check_equal(sorted(model.calls[1]), ["r0", "rh"],
