@@ -19,15 +19,15 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._C._distributed_c10d import ProcessGroup
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
 
 WAIT_S = scaled(30.0)  # a rank that has not answered in this long is stuck in a collective
 IN, HIDDEN, OUT = 6, 12, 4
-# A collective's kind, from the c10d operator that runs it (c10d.allgather_,
-# c10d._allgather_base_, _c10d_functional.all_gather_into_tensor ... are all an all-gather).
-# More specific prefixes first: "reducescatter" before "reduce".
+# A collective's kind, from the ProcessGroup method that runs it (allgather, _allgather_base,
+# all_gather_single ... are all an all-gather). More specific prefixes first: "reducescatter"
+# before "reduce".
 KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier", "gather",
          "scatter", "reduce", "send", "recv")
 KIND_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather",
@@ -42,31 +42,32 @@ def tensors(seed=412):
             "w2": r(OUT, HIDDEN), "b2": r(OUT) * 10}
 
 
-class CollectiveCount(TorchDispatchMode):
-    """Counts the collectives run while it is active, by what they do: every path to gloo
-    (dist.all_gather under any name or alias, all_gather_into_tensor, all_gather_object,
-    functional collectives) goes through a c10d operator, which this mode sees."""
+def count_collectives() -> collections.Counter:
+    """Count, from now on in this process, the collectives run on any process group, by what
+    they do: every torch.distributed call (dist.all_gather under any name or alias,
+    all_gather_into_tensor, all_gather_object ...) ends in a ProcessGroup method."""
+    counts: collections.Counter = collections.Counter()
+    for method in dir(ProcessGroup):
+        name = method.strip("_").replace("_", "")
+        kind = next((k for k in KINDS if name.startswith(k)), None)
+        if kind is None or method.startswith("__"):
+            continue
 
-    def __init__(self):
-        super().__init__()
-        self.counts: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "c10d" in func.namespace:
-            name = str(func.overloadpacket).split(".")[-1].replace("_", "")
-            kind = next((k for k in KINDS if name.startswith(k)), None)
-            if kind is not None:
-                self.counts[KIND_NAMES.get(kind, kind)] += 1
-        return func(*args, **(kwargs or {}))
+        def counted(self, *a, _real=getattr(ProcessGroup, method),
+                    _kind=KIND_NAMES.get(kind, kind), **k):
+            counts[_kind] += 1
+            return _real(self, *a, **k)
+        setattr(ProcessGroup, method, counted)
+    return counts
 
 
 def _rank_main(impl, rank, world_size, path, job, results):
     torch.set_num_threads(1)
     try:
         impl.init_tp(rank, world_size, path)
-        with CollectiveCount() as counted:
-            out = job(impl, rank, world_size, tensors())
-        counts = dict(counted.counts)
+        counted = count_collectives()
+        out = job(impl, rank, world_size, tensors())
+        counts = dict(counted)
         results.put((rank, "ok", (out, counts)))
     except NotImplementedError as e:
         results.put((rank, "todo", str(e)))
