@@ -245,6 +245,7 @@ def mlp_one_all_reduce(impl):
             if used != {"all_reduce": 1}:
                 raise Fail(f"rank {rank} of {ws}: the collectives parallel_mlp made. The column "
                            "layer's output slice is the row layer's input slice, so the MLP "
-                           "needs one all-reduce and nothing else (the judge counts the collectives "
-                           "by what they do, whatever name or alias the code calls them by)",
+                           "needs one all-reduce and nothing else (the judge counts the "
+                           "collectives by what they do, whatever name or alias the code calls "
+                           "them by)",
                            expected={"all_reduce": 1}, got=used)
