@@ -5,8 +5,8 @@ goes on aborts_queue as well. An output thread owns the PUSH and sends what the 
 on output_queue. The busy loop: take client requests, then step: schedule, execute (slow),
 apply the aborts that arrived during execute, update. So no token of an aborted request is
 emitted after its abort arrived, and aborting is idempotent
-(vllm/v1/engine/core.py:1933 input thread, :2031 both queues, :667 step, :824 aborts queue;
-vllm/v1/core/sched/scheduler.py:2964 finish_requests, :2327 skip finished in update).
+(vllm/v1/engine/core.py:1933 input thread, :2033 both queues, :667 step, :690 aborts queue;
+vllm/v1/core/sched/scheduler.py:2994 finish_requests, :2327 skip finished in update).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ data-parallel engines over one ROUTER socket, and sends each abort where its req
 Each engine's DEALER has its DP rank as identity, 2 bytes little endian
 (vllm/v1/engine/core.py:1191). The client keeps reqs_in_flight (request id -> engine) and a
 per-engine in-flight count; a request leaves both when its engine reports it finished
-(vllm/v1/engine/core_client.py:1727, :1751 routing, :1822 finished, :1874 aborts).
+(vllm/v1/engine/core_client.py:1727, :1751 routing, :1824 finished, :1874 aborts).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ exactly), and, in the last test, processes that generate tokens on their own.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -36,6 +37,8 @@ class JudgeEngine(threading.Thread):
         self.received: list[tuple[str, object]] = []
         self.commands: queue.Queue = queue.Queue()
         self.stop = threading.Event()
+        self.ready_at: float | None = None  # time.monotonic() when READY was sent
+        self.sent = 0  # messages sent after READY
         self.start()
 
     def run(self):
@@ -46,10 +49,12 @@ class JudgeEngine(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         sock.send(b"READY")
+        self.ready_at = time.monotonic()
         try:
             while not self.stop.is_set():
                 while not self.commands.empty():
                     sock.send_multipart(self.commands.get())
+                    self.sent += 1
                 if sock.poll(10):
                     kind, *rest = sock.recv_multipart()
                     payload = msgspec.msgpack.decode(rest[0]) if rest else None
@@ -100,22 +105,50 @@ class Bench(EngineBench):
 
 
 @test(input="3 engines, identities b'\\x00\\x00', b'\\x01\\x00', b'\\x02\\x00', connecting 0.2, "
-            "0.4, 0.6 s late; then only 2 of 3 engines and wait_ready(0.8)", timeout=20)
+            "0.4, 0.6 s late; then 4 engines of which 3 say READY 0.3, 0.6, 0.9 s late and "
+            "wait_ready(1); then shutdown() with engine 3 never connected", timeout=20)
 def ready_and_timeout(impl):
     check_equal(impl.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
                                                       "endian, as vllm/v1/engine/core.py:1191)")
     with Bench(impl, 3, [0.2, 0.4, 0.6]):
         pass
-    with Bench(impl, 3, [0, 0], ready=False) as b:
-        try:
-            got = b.client.wait_ready(0.8)
-        except TimeoutError as e:
-            if "[2]" not in str(e):
-                raise Fail("the TimeoutError must list the ranks that did not send READY",
-                           expected="... [2] ...", got=str(e))
-            return
-        raise Fail("wait_ready(0.8) must raise TimeoutError when engine 2 never says READY",
-                   got=got)
+    never = 3600.0  # engine 3's delay: it never connects (the bench stops it)
+    with Bench(impl, 4, [0.3, 0.6, 0.9, never], ready=False) as b:
+        _check_total_timeout(b, timeout=1.0)
+        _check_shutdown_skips_a_missing_engine(b)
+
+
+def _check_total_timeout(b, timeout):
+    start = time.monotonic()
+    try:
+        got = b.client.wait_ready(timeout)
+    except TimeoutError as e:
+        end = time.monotonic()
+        if "[3]" not in str(e):
+            raise Fail("the TimeoutError must list the ranks that did not send READY",
+                       expected="... [3] ...", got=str(e))
+    else:
+        raise Fail(f"wait_ready({timeout:g}) must raise TimeoutError when engine 3 never says "
+                   "READY", got=got)
+    last = max(e.ready_at for e in b.engines[:3])
+    if end >= last + timeout:  # a correct wait ended at start + timeout, long before
+        raise Fail(f"wait_ready({timeout:g}) raised {end - start:.2f} s after it was called, "
+                   f"{timeout:g} s after the last READY (sent {last - start:.2f} s in): the "
+                   "timeout restarts on every message; it must be one deadline for the whole "
+                   "call (READYs came in a trickle)")
+
+
+def _check_shutdown_skips_a_missing_engine(b):
+    try:
+        b.client.shutdown()
+    except zmq.ZMQError as e:
+        raise Fail(f"shutdown() raised ZMQError ({e}) because engine 3 never connected: an "
+                   "engine that is gone must be skipped (ROUTER_MANDATORY raises for it), and "
+                   "the others still get STOP") from None
+    for e in b.engines[:3]:
+        e.wait_for(1)
+    check_equal([e.received for e in b.engines[:3]], [[("STOP", None)]] * 3,
+                "what engines 0-2 received from shutdown() (engine 3 never connected)")
 
 
 @test(input="3 idle engines; add_request r0..r5 (max_tokens 8)")
@@ -126,12 +159,13 @@ def spreads_when_idle(impl):
                     "the engines chosen for 6 requests on idle engines (the fewest in flight; "
                     "ties go to the first from a start index that moves on by one per request)")
         b.settle([2, 2, 2])
+        first = b.engines[0].received[0]
+        check_equal(first, ("ADD", {"request_id": "r0", "max_tokens": 8}),
+                    "the first message engine 0 received (kind, decoded payload: AddRequest "
+                    "as a msgpack map)")
         check_equal(b.adds(), [["r0", "r3"], ["r1", "r4"], ["r2", "r5"]],
                     "the ADDs each engine received (frames [identity, b'ADD', msgpack "
                     "AddRequest])")
-        first = b.engines[0].received[0]
-        check_equal(first, ("ADD", {"request_id": "r0", "max_tokens": 8}),
-                    "the first message engine 0 received (kind, decoded payload)")
         check_equal(b.client.load(), [2, 2, 2], "load() after 6 requests")
 
 
@@ -154,23 +188,35 @@ def least_loaded_after_finish(impl):
                     "reqs_in_flight (finished requests leave it)")
 
 
-@test(input="add_request(engine=2) x2 on 3 idle engines, then one without engine; engine=3; "
-            "an id already in flight")
+@test(input="3 idle engines: add_request('a', engine=1), then 'b'; then engine=3, engine=-1 "
+            "and the id 'a' again (all refused); then 'd' and 'e'")
 def explicit_engine_and_bad_input(impl):
     with Bench(impl, 3) as b:
-        got = [b.client.add_request("a", 4, engine=2), b.client.add_request("b", 4, engine=2),
-               b.client.add_request("c", 4)]
-        check_equal(got, [2, 2, 0], "add_request(engine=2), again, then without engine")
-        check_equal(b.client.load(), [1, 0, 2], "load() (a request sent to a named engine "
+        got = [b.client.add_request("a", 4, engine=1), b.client.add_request("b", 4)]
+        check_equal(got, [1, 0], "add_request('a', engine=1), then 'b' without engine (a named "
+                                 "engine does not move the start index: 'b' scans from 0)")
+        check_equal(b.client.load(), [1, 1, 0], "load() (a request sent to a named engine "
                                                 "counts on that engine)")
-        for args, kw, why in [(("d", 4), {"engine": 3}, "engine 3 of 3"),
-                              (("a", 4), {}, "id 'a' already in flight")]:
+        for args, kw, why in [(("c", 4), {"engine": 3}, "engine=3 of 3 engines"),
+                              (("c", 4), {"engine": -1}, "engine=-1"),
+                              (("a", 4), {}, "the id 'a', already in flight")]:
             try:
                 got = b.client.add_request(*args, **kw)
             except ValueError:
                 continue
+            except Exception as e:
+                raise Fail(f"add_request{args} with {kw or 'no engine'} ({why}) raised "
+                           f"{type(e).__name__}: {e}; the README requires ValueError, raised "
+                           "before anything is sent or counted") from None
             raise Fail(f"add_request must raise ValueError for {why}", got=got)
-        check_equal(b.client.load(), [1, 0, 2], "load() after the refused requests")
+        check_equal(b.client.load(), [1, 1, 0], "load() after the refused requests")
+        time.sleep(QUIET_S)
+        check_equal(b.adds(), [["b"], ["a"], []], "the ADDs each engine received (a refused "
+                                                 "request sends nothing)")
+        got = [b.client.add_request("d", 4), b.client.add_request("e", 4)]
+        check_equal(got, [2, 2], "the engines chosen for 'd' (loads [1, 1, 0]) and 'e' (a tie "
+                                 "[1, 1, 1] scanned from start index 2): a refused request must "
+                                 "not move the start index")
 
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0']) after engine 0 finished r0; "
@@ -191,10 +237,25 @@ def abort_follows_request(impl):
         check_equal(b.client.load(), [1, 2, 2],
                     "load() after abort() (an aborted request stays in flight until its engine "
                     "reports it finished)")
-        b.finished(1, ["r1"])
-        b.finished(2, ["r5"])
+        _check_takes_every_output(b)
         check_equal(b.client.load(), [1, 1, 1], "load() after the aborted requests finished")
         check_equal(sorted(b.client.reqs_in_flight), ["r2", "r3", "r4"], "reqs_in_flight")
+
+
+def _check_takes_every_output(b):
+    """Engines 1 and 2 both report; once both outputs are there, one poll_outputs takes both."""
+    b.engines[1].finish(["r1"])
+    b.engines[2].finish(["r5"])
+    deadline = time.monotonic() + WAIT_S
+    while min(b.engines[1].sent, b.engines[2].sent) < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(scaled(QUIET_S))  # both are sent; give them the time to arrive
+    outs = b.client.poll_outputs(WAIT_S)
+    got = sorted(r for o in outs for r in o.finished_requests)
+    if got != ["r1", "r5"]:
+        raise Fail(f"one poll_outputs({WAIT_S:g}) with two outputs already there (engine 1 "
+                   "finished r1, engine 2 finished r5) must wait for the first and then take "
+                   "every one already there", expected=["r1", "r5"], got=got)
 
 
 # --- real engine processes ---------------------------------------------------------------------
@@ -263,13 +324,29 @@ def end_to_end(impl):
         client = impl.DPLBClient(address, 3)
         try:
             _drive(client, pipes)
+            _check_close(client, address)
         finally:
             for p in procs:
                 p.join(1)
                 if p.is_alive():
                     p.kill()
                     p.join()
-            client.close()
+            try:
+                client.close()
+            except Exception:  # _check_close reported it already, or a failure comes first
+                pass
+
+
+def _check_close(client, address):
+    client.close()
+    path = address.removeprefix("ipc://")
+    if os.path.exists(path):
+        raise Fail(f"close() left the ipc socket file {path}: close() must unlink it")
+    try:
+        client.close()
+    except Exception as e:
+        raise Fail(f"a second close() raised {type(e).__name__}: {e}; it must do nothing") \
+            from None
 
 
 def _drive(client, pipes):

@@ -15,12 +15,13 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import queue
+import signal
 import threading
 import time
 from typing import Any
 
 POLL_S = 0.1  # a pending call looks at `failed` this often while it waits for a reply
-JOIN_S = 5.0  # how long shutdown waits for a worker to exit before terminating it
+JOIN_S = 1.0  # how long shutdown waits for a worker to exit, then to obey SIGTERM
 
 
 class Worker:
@@ -39,13 +40,23 @@ class Worker:
         time.sleep(seconds_by_rank[self.rank])
         return f"slept {seconds_by_rank[self.rank]}"
 
-    def boom(self, rank: int) -> str:
+    def boom(self, rank: int, others_sleep: float = 0.0) -> str:
         if self.rank == rank:
             raise ValueError(f"boom on rank {rank}")
+        time.sleep(others_sleep)
         return f"no boom on rank {self.rank}"
+
+    def stall(self, rank: int, seconds: float) -> int:
+        """On `rank`: ignore SIGTERM, then sleep (a worker hung in a kernel)."""
+        if self.rank == rank:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(seconds)
+        return self.rank
 
     def die(self, rank: int, code: int, others_sleep: float) -> int:
         if self.rank == rank:
+            if code < 0:  # killed by signal -code, as the OOM killer does
+                os.kill(os.getpid(), -code)
             os._exit(code)
         time.sleep(others_sleep)
         return self.rank
@@ -75,6 +86,7 @@ class Executor:
                                   "what is left of ONE deadline")
 
     def shutdown(self) -> None:
-        """Stop the workers (terminate those that do not exit) and the monitor."""
+        """Stop the monitor and the workers (terminate those that do not exit; kill those that
+        ignore SIGTERM)."""
         raise NotImplementedError("TODO: wake and join the monitor first, then None to each "
                                   "worker, join")

@@ -118,14 +118,18 @@ def gathers_in_rank_order(impl):
         check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank') again")
 
 
-@test(input="Executor(3): boom on rank 1; then get_rank", timeout=40)
+@test(input="Executor(3): boom on rank 0 while ranks 1 and 2 take 1 s to reply; at once "
+            "get_rank", timeout=40)
 def error_names_the_worker(impl):
     with Running(impl, 3) as e:
-        _raises(lambda: e.collective_rpc("boom", (1,), timeout=WAIT_S), RuntimeError,
-                ["worker 1", "ValueError", "boom"], "collective_rpc('boom', (1,)) (rank 1 raises)")
+        e.collective_rpc("get_rank", timeout=WAIT_S)  # the workers are up
+        _raises(lambda: e.collective_rpc("boom", (0, 1.0), timeout=WAIT_S), RuntimeError,
+                ["worker 0", "ValueError", "boom"], "collective_rpc('boom', (0, 1.0)) (rank 0 "
+                "raises at once; ranks 1 and 2 answer 1 s later)")
         check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
-                    "collective_rpc('get_rank') after the failed call (the replies of ranks 0 "
-                    "and 2 to it must not answer this one)")
+                    "collective_rpc('get_rank') right after the failed call (the replies of "
+                    "ranks 1 and 2 to that call come while this one waits: they must not "
+                    "answer this one; only a call id tells them apart)")
 
 
 @test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then get_rank; sleep "
@@ -148,41 +152,67 @@ def one_deadline(impl):
                     "sleep [0.4, 0.4, 0.4] with timeout=5")
 
 
-@test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 2 s, no timeout; "
+@test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 1 s, no timeout; "
             "then get_rank", timeout=30,
       hang="a call without a timeout waited for a worker that had died: the monitor must set "
            "`failed`, and a waiting call must look at it between short waits.")
 def death_fails_pending_call(impl):
     with Running(impl, 3) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)
-        _raises(lambda: e.collective_rpc("die", (1, 3, 2.0)), RuntimeError, ["worker 1", "3"],
+        _raises(lambda: e.collective_rpc("die", (1, 3, 1.0)), RuntimeError, ["worker 1", "3"],
                 "a call (no timeout) during which worker 1 exits with code 3")
         _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError, ["worker 1"],
                 "collective_rpc after a worker died (the executor has failed)")
 
 
-@test(input="Executor(2): SIGKILL worker 0 while idle; then get_rank with no timeout", timeout=30,
-      hang="a call without a timeout waited for a worker that had died: watch the sentinels.")
-def death_while_idle(impl):
+@test(input="Executor(2): get_rank; then die(rank=1, SIGKILL) while rank 0 sleeps 1 s, with "
+            "timeout=8", timeout=30)
+def death_fails_a_call_before_its_deadline(impl):
+    timeout = 8.0
     with Running(impl, 2) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)
-        os.kill(e.procs[0].pid, signal.SIGKILL)
-        _raises(lambda: e.collective_rpc("get_rank"), RuntimeError, ["worker 0", "-9"],
-                "a call after worker 0 was killed with SIGKILL")
+        start = time.monotonic()
+        try:
+            e.collective_rpc("die", (1, -signal.SIGKILL, 1.0), timeout=timeout)
+        except Exception as exc:
+            took, got = time.monotonic() - start, f"{type(exc).__name__}: {exc}"
+        else:
+            raise Fail(f"a call with timeout={timeout:g} during which worker 1 was killed "
+                       "returned")
+        if took >= timeout:  # a death seen between slices fails the call within ~POLL_S
+            raise Fail(f"a call with timeout={timeout:g} during which worker 1 was killed at "
+                       f"once failed only after {took:.1f} s, at its own deadline: look at "
+                       "`failed` between slices of at most POLL_S, with a timeout too", got=got)
+        if not got.startswith("RuntimeError") or "worker 1" not in got or "-9" not in got:
+            raise Fail("a call during which worker 1 was killed with SIGKILL must raise the "
+                       "RuntimeError naming it and its exit code",
+                       expected="RuntimeError: ... worker 1 ... -9 ...", got=got)
 
 
-@test(input="Executor(3): get_rank; shutdown(); shutdown() again; then get_rank", timeout=40)
+@test(input="Executor(3): get_rank; stall on rank 2 (it ignores SIGTERM, sleeps 3600 s) with "
+            "timeout=0.5; shutdown(); shutdown() again; then get_rank", timeout=40)
 def shutdown_is_clean(impl):
     before = set(threading.enumerate())
     e = impl.Executor(3)
+    done = threading.Event()
     try:
         e.collective_rpc("get_rank", timeout=WAIT_S)
+        _raises(lambda: e.collective_rpc("stall", (2, 3600.0), timeout=0.5), TimeoutError,
+                ["worker 2"], "stall on rank 2 with timeout=0.5")
+        threading.Thread(target=lambda: (e.shutdown(), done.set()), daemon=True).start()
+        if not done.wait(scaled(15.0)):
+            raise Fail("shutdown() did not return while worker 2 was hung in a call and "
+                       "ignored SIGTERM: join each worker for a few seconds, terminate it, and "
+                       "kill it if it still runs (a join without a limit waits for ever)")
     finally:
-        e.shutdown()
+        for p in e.procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     e.shutdown()
     codes = [p.exitcode for p in e.procs]
-    check_equal(codes, [0, 0, 0], "the workers' exit codes after shutdown() (each told to stop, "
-                                  "none killed)")
+    check_equal(codes, [0, 0, -9], "the workers' exit codes after shutdown() (0 and 1 told to "
+                                   "stop; 2, hung and deaf to SIGTERM, killed)")
     if e.failed:
         raise Fail("shutdown() was taken for a worker death: the monitor must stop first",
                    got=e.failed)

@@ -7,9 +7,9 @@ U+FFFD. So the detokenizer keeps the bytes, and emits a character once its last 
 arrived: an incremental UTF-8 decoder keeps an incomplete tail back and turns bytes that can no
 longer be completed into U+FFFD at once. (vLLM decodes a window of tokens twice and waits while
 the new text ends in U+FFFD: vllm/v1/engine/detokenizer.py:262,
-vllm/tokenizers/detokenizer_utils.py:176; that also holds back a U+FFFD the text really has.)
+vllm/tokenizers/detokenizer_utils.py:269; that also holds back a U+FFFD the text really has.)
 Each event is one `data: <json>` line and a blank line; the JSON escapes newlines, so a text
-with "\n" cannot break the framing (vllm/entrypoints/openai/completion/serving.py).
+with "\n" cannot break the framing (vllm/entrypoints/openai/completion/serving.py:487, :558).
 """
 
 from __future__ import annotations

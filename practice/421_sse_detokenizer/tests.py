@@ -120,7 +120,8 @@ def special_tokens(impl):
     check_equal(replay(impl, ids, "ok<|im_end|>", skip=False), "ok<|im_end|>",
                 "the text of 'ok' + <|im_end|> with skip_special_tokens=False")
     split = byte_ids(b"\xc3") + [end] + byte_ids(b"\xa9")
-    check_equal(replay(impl, split, "C3 <|im_end|> A9", skip=True), "é",
+    check_equal(replay(impl, split, "C3, <|im_end|> (skipped: the bytes on either side "
+                                    "meet), A9", skip=True), "é",
                 "C3, <|im_end|>, A9 with skip_special_tokens=True (the skipped token is not "
                 "there: the two bytes meet)")
 
@@ -146,9 +147,19 @@ def read_events(sock) -> list[bytes]:
     return events
 
 
-@test(input="stream_completion(tok, 'cmpl-7', one batch per token of 'Zürich → 東京 🤗\\n"
-            "line two', finish_reason='stop'), sent on a socket pair, read 5 bytes per recv")
+@test(input="sse_event('[DONE]'), sse_event('a\\nb'), sse_event('a\\rb'); stream_completion(tok, "
+            "'cmpl-7', one batch per token of 'Zürich → 東京 🤗\\nline two', finish_reason="
+            "'stop'), sent on a socket pair, read 5 bytes per recv")
 def sse_wire(impl):
+    check_equal(impl.sse_event("[DONE]"), b"data: [DONE]\n\n", "sse_event('[DONE]')")
+    for raw in ("a\nb", "a\rb"):
+        try:
+            got = impl.sse_event(raw)
+        except ValueError:
+            continue
+        raise Fail(f"sse_event({raw!r}) must raise ValueError: a raw line break (\\n or \\r) "
+                   "ends the data line, and the reader takes the rest for another field",
+                   got=got)
     text = "Zürich → 東京 🤗\nline two"
     ids = tok().encode(text)
     a, b = socket.socketpair()

@@ -14,10 +14,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
 FIRST_S = 1.0  # the server's wait before the first token
 MARGIN_S = 3.0  # a TTFT later than FIRST_S + this is measured from the wrong start
+LONG_GAP_S = 0.6  # between the tokens of a 'long' stream: 4 s a stream, so a queued one waits 4 s
 
 
 def event(text, finish=None) -> bytes:
@@ -26,15 +27,21 @@ def event(text, finish=None) -> bytes:
 
 
 END = event("", "length") + b"data: [DONE]\n\n"
+GATE = None  # a step that waits until the client's clock timed a token (see GatedClock)
+# A client that parses as bytes come has timed a token long before this; under the 30 s
+# socket timeout of stream_request, so that a client that never does still gets its answer.
+GATE_S = min(scaled(5.0), 20.0)
 # Each scenario: (seconds to sleep, bytes to write), after the response headers.
 SCENARIOS = {
-    "steady": [(0, event("")), (FIRST_S, event("A")), (0.1, event("B")), (0.1, event("C")),
-               (0.1, event("D")), (0.1, event("E")), (0, END)],
+    "steady": [(0, event("")), (FIRST_S, event("A")), (0, GATE), (0.1, event("B")),
+               (0.3, event("")),  # an event without text between two tokens
+               (0.1, event("C")), (0.1, event("D")), (0.1, event("E")), (0, END)],
     "bursty": [(0, b": a comment, not an event\n\n" + event("")), (FIRST_S, event("one ")),
                (0.1, event("two ") + event("three ")),  # two events in one write
                (0.1, event("four\n")[:25]), (0.5, event("four\n")[25:]),  # one event, 2 writes
                (0.1, event("fïve").replace(b"\n\n", b"\r\n\r\n")), (0, END)],
-    "long": [(0, event(""))] + [(FIRST_S, event(f"{i} ")) for i in range(6)] + [(0, END)],
+    **{f"long{k}": [(0, event("")), (FIRST_S + (0.5 if k == 0 else 0), event(f"{k}.0 "))]
+       + [(LONG_GAP_S, event(f"{k}.{i} ")) for i in range(1, 6)] + [(0, END)] for k in range(4)},
     "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
 }
 
@@ -47,6 +54,7 @@ class Server:
         self.requests: list[dict] = []
         self.open_now = self.most_open = 0
         self.lock = threading.Lock()
+        self.gate, self.gate_missed = threading.Event(), False
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -71,6 +79,9 @@ class Server:
                     self.end_headers()
                     for delay, data in steps:
                         time.sleep(delay)
+                        if data is GATE:
+                            judge.gate_missed |= not judge.gate.wait(GATE_S)
+                            continue
                         self.wfile.write(data)
                         self.wfile.flush()
                 except OSError:
@@ -94,13 +105,29 @@ class Server:
         self.thread.join()
 
 
+class GatedClock:
+    """time.perf_counter for stream_request's clock; its second reading (the first token, after
+    the one at sending) opens the server's gate."""
+
+    def __init__(self, gate: threading.Event):
+        self.gate, self.calls = gate, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls >= 2:
+            self.gate.set()
+        return time.perf_counter()
+
+
 def _check_timing_identity(r, what):
     if r.ttft is None or r.e2e is None:
         raise Fail(f"{what}: ttft and e2e must be set for a request that produced tokens",
                    got=(r.ttft, r.e2e))
     if any(g < 0 for g in r.itls) or abs(r.e2e - (r.ttft + sum(r.itls))) > 1e-6:
         raise Fail(f"{what}: e2e is the time of the last token, so e2e == ttft + sum(itls), "
-                   "all from the same timestamps", expected=r.ttft + sum(r.itls), got=r.e2e)
+                   "all from the same timestamps: an ITL runs from one token to the next (an "
+                   "event without text in between does not restart it)",
+                   expected=r.ttft + sum(r.itls), got=r.e2e)
 
 
 @test(input="SSEParser.feed of: a comment; 'data:x' (no space); 'data: {...}' with \\r\\n line "
@@ -118,11 +145,17 @@ def sse_parser(impl):
                            "unfinished event until its blank line arrives)")
 
 
-@test(input="'steady': headers, an empty-text event at once, then A after 1 s, B C D E 0.1 s "
-            "apart, a finish event, [DONE]", timeout=30)
+@test(input="'steady': headers, an empty-text event at once, then A after 1 s; B only once "
+            "the client's clock timed A; an empty-text event; C D E 0.1 s apart, a finish "
+            "event, [DONE]", timeout=40)
 def one_stream(impl):
     with Server() as s:
-        r = impl.stream_request("127.0.0.1", s.port, "steady", 5)
+        r = impl.stream_request("127.0.0.1", s.port, "steady", 5, clock=GatedClock(s.gate))
+    if s.gate_missed:
+        raise Fail(f"the client timed no token within {GATE_S:g} s of receiving A while the "
+                   "stream stayed open: its read waits for more bytes (resp.read(n) waits for "
+                   "n bytes or the end of the stream); read what has come with resp.read1(n) "
+                   "and time each event as it is parsed", got=r)
     check_equal((r.ok, r.error, r.text, r.n_tokens), (True, "", "ABCDE", 5),
                 "(ok, error, text, n_tokens)")
     check_equal(len(r.itls), 4, "len(itls): one gap per pair of consecutive tokens (the wait "
@@ -198,17 +231,28 @@ def summarize_math(impl):
                    got={k: g for k, (g, _) in wrong.items()})
 
 
-@test(input="run_load: 4 'long' prompts (first token after 1 s, then 5 more 1 s apart), "
+@test(input="run_load: prompts long0..long3 (first token after 1 s, 1.5 s for long0, then 5 "
+            "more 0.6 s apart; distinct texts), 'no such scenario' between them (HTTP 500), "
             "concurrency 2", timeout=60)
 def concurrent_load(impl):
+    prompts = ["long0", "long1", "no such scenario", "long2", "long3"]
     with Server() as s:
-        rs = impl.run_load("127.0.0.1", s.port, ["long"] * 4, 6, 2)
+        rs = impl.run_load("127.0.0.1", s.port, prompts, 6, 2)
         most = s.most_open
-    check_equal([(r.ok, r.n_tokens) for r in rs], [(True, 6)] * 4, "(ok, n_tokens) of each")
-    check_equal((len(s.requests), most), (4, 2), "(requests the server got, the most streams "
+    if not isinstance(rs, list) or len(rs) != len(prompts):
+        raise Fail(f"run_load of {len(prompts)} prompts must return {len(prompts)} results, one "
+                   "per prompt (a failed request too, with ok False)",
+                   got=len(rs) if hasattr(rs, "__len__") else rs)
+    want = [f"{k}.0 {k}.1 {k}.2 {k}.3 {k}.4 {k}.5 " for k in range(4)]
+    check_equal([(r.ok, r.text) for r in rs], [(True, want[0]), (True, want[1]), (False, ""),
+                                               (True, want[2]), (True, want[3])],
+                "(ok, text) of each result: results in prompt order (long0 finishes after "
+                "long1 and the failed one), not in the order they finished")
+    check_equal((len(s.requests), most), (5, 2), "(requests the server got, the most streams "
                                                  "open at once) with concurrency 2")
-    late = [round(r.ttft, 2) for r in rs if not FIRST_S - 1e-3 <= r.ttft < FIRST_S + MARGIN_S]
+    ok = [r for r in rs if r.ok]
+    late = [round(r.ttft, 2) for r in ok if not FIRST_S - 1e-3 <= r.ttft < FIRST_S + MARGIN_S]
     if late:
         raise Fail(f"TTFTs outside [{FIRST_S:g}, {FIRST_S + MARGIN_S:g}) s: each request's clock "
                    "starts when that request is sent, not when the run starts (the last two "
-                   "wait about 6 s for a free slot)", got=[round(r.ttft, 2) for r in rs])
+                   "wait about 4 s for a free slot)", got=[round(r.ttft, 2) for r in ok])
