@@ -16,7 +16,7 @@ import time
 import msgspec
 import zmq
 
-from minivllm.judge.api import EngineBench, Fail, check_equal, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(2.0)  # a message between threads on one host not delivered in this long was dropped
@@ -328,9 +328,7 @@ def end_to_end(impl):
         finally:
             for p in procs:
                 p.join(1)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+            kill_if_alive(*procs)
             try:
                 client.close()
             except Exception:  # _check_close reported it already, or a failure comes first

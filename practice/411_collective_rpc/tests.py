@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 QUIET_S = 0.5  # how long the judge waits where no reply should come
 WAIT_S = scaled(20.0)  # a reply or a process start that takes this long is lost
@@ -98,9 +98,7 @@ def worker_loop(impl):
         proc.join(WAIT_S)
         check_equal(proc.exitcode, 0, "worker_main's exit code after None")
     finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        kill_if_alive(proc)
 
 
 @test(input="Executor(3): get_rank; echo; sleep [0.4, 0.2, 0] (replies out of order); "
@@ -205,10 +203,7 @@ def shutdown_is_clean(impl):
                        "ignored SIGTERM: join each worker for a few seconds, terminate it, and "
                        "kill it if it still runs (a join without a limit waits for ever)")
     finally:
-        for p in e.procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+        kill_if_alive(*e.procs)
     e.shutdown()
     codes = [p.exitcode for p in e.procs]
     check_equal(codes, [0, 0, -9], "the workers' exit codes after shutdown() (0 and 1 told to "

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch._C._distributed_c10d import ProcessGroup
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 WAIT_S = scaled(30.0)  # a rank that has not answered in this long is stuck in a collective
 IN, HIDDEN, OUT = 6, 12, 4
@@ -111,9 +111,7 @@ def run_ranks(impl, world_size, job):
         ok = len(got) == world_size
         for p in procs:
             p.join(5 if ok else 0.1)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        kill_if_alive(*procs)
         for name in os.listdir(d):
             os.unlink(os.path.join(d, name))
         os.rmdir(d)
