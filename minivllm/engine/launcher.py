@@ -18,6 +18,12 @@ identity is its DP rank (2 bytes, little endian):
 
 While it waits, the launcher also watches each engine's process sentinel: an engine that dies
 during start-up is reported at once, with its exit code, not after the timeout.
+
+Engines on other nodes (data_parallel_size_local < data_parallel_size): the ROUTER binds
+tcp://data_parallel_address:data_parallel_rpc_port, the clients' addresses are tcp ports on
+that address, and the launcher waits for every rank's HELLO, its own engines' and those that
+`minivllm serve --headless --data-parallel-start-rank S` starts (engine/headless.py): those
+have no sentinel here, so the other nodes have HELLO_TIMEOUT_S to come up.
 In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), :1206
 (launch_core_engines), :100 (EngineZmqAddresses), :242 (CoreEngineProcManager); the engine's
 side: vllm/v1/engine/core.py:1352-1460.
