@@ -11,7 +11,9 @@ vllm/entrypoints/cli/serve.py:181-230, with a CoreEngineProcManager whose start_
 The engines outlive nothing: each one watches its connections to the front end
 (core_io.py), and leaves when they close or fall silent (the leader exited, died, or its link
 went down), so the node exits 0 once its engines are gone. SIGTERM or SIGINT stops them (exit
-0), also while they still wait for the leader; an engine that fails makes the node exit 1.
+0), also while they still wait for the leader; an engine that fails makes the node exit 1, as
+does a leader that does not answer HELLO within messages.ADDRESSES_TIMEOUT_S (60 s): start the
+leader within a minute of its headless nodes.
 """
 
 from __future__ import annotations
