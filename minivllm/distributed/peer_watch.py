@@ -18,6 +18,8 @@ context is terminated (a monitor socket left open would block zmq's context.term
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from typing import Any, Callable
 
@@ -25,6 +27,17 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 POLL_MS = 100  # how often the watch thread looks at its stop flag
+_monitor_ids = itertools.count()
+
+
+def _monitor_socket(sock: zmq.Socket) -> zmq.Socket:
+    """A blocking PAIR that receives `sock`'s disconnect events, also when `sock` is a
+    zmq.asyncio socket (whose own get_monitor_socket would hand back an asyncio socket)."""
+    address = f"inproc://minivllm-peer-watch-{os.getpid()}-{next(_monitor_ids)}"
+    sock.monitor(address, zmq.EVENT_DISCONNECTED)
+    monitor = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
+    monitor.connect(address)
+    return monitor
 
 
 class PeerWatch:
@@ -32,8 +45,7 @@ class PeerWatch:
                  name: str = "PeerWatch") -> None:
         self.on_lost, self.stopped = on_lost, threading.Event()
         self._watched = list(sockets.values())
-        self._monitors = {sock.get_monitor_socket(zmq.EVENT_DISCONNECTED): key
-                          for key, sock in sockets.items()}
+        self._monitors = {_monitor_socket(sock): key for key, sock in sockets.items()}
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 

@@ -57,6 +57,14 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501  # vLLM's default
+    # Data-parallel engine cores on several nodes (vLLM: vllm/engine/arg_utils.py:557-560).
+    # This node runs DP ranks start_rank .. start_rank + size_local - 1; the leader (start rank
+    # 0) also runs the front end, whose handshake ROUTER listens at address:rpc_port, where the
+    # other nodes' engines (`minivllm serve --headless`) say HELLO over tcp.
+    data_parallel_size_local: int | None = None  # None: every engine on this node
+    data_parallel_start_rank: int = 0
+    data_parallel_address: str = "127.0.0.1"  # the leader's address, as every node reaches it
+    data_parallel_rpc_port: int = 29550  # vLLM's default
     model_config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +92,7 @@ class EngineConfig:
     def _check_parallel(self) -> None:
         check_tensor_parallel_size(self.model_config, self.tensor_parallel_size)
         self._check_nodes()
+        self._check_dp_nodes()
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "mp" if self.tensor_parallel_size > 1 else "uni"
         if self.distributed_executor_backend not in ("uni", "mp"):
@@ -107,6 +116,31 @@ class EngineConfig:
                              f"{self.distributed_executor_backend!r})")
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}")
+
+    def _check_dp_nodes(self) -> None:
+        dp = self.data_parallel_size
+        if self.data_parallel_size_local is None:
+            self.data_parallel_size_local = dp - self.data_parallel_start_rank
+        local, start = self.data_parallel_size_local, self.data_parallel_start_rank
+        if not 1 <= local <= dp:
+            raise ValueError(f"data_parallel_size_local must be in 1..data_parallel_size "
+                             f"({dp}), got {local}")
+        if start < 0 or start + local > dp:
+            raise ValueError(f"data_parallel_start_rank {start} + data_parallel_size_local "
+                             f"{local} exceeds data_parallel_size {dp}: this node's ranks must "
+                             f"lie in 0..{dp - 1}; use a start rank in 0..{dp - local}")
+        if not 0 < self.data_parallel_rpc_port < 65536:
+            raise ValueError("data_parallel_rpc_port must be a TCP port (1-65535), got "
+                             f"{self.data_parallel_rpc_port}")
+        if self.data_parallel_multinode and self.nnodes > 1:
+            raise ValueError("minivllm runs data-parallel engines on several nodes, or tensor "
+                             "parallelism over several nodes, not both: set nnodes=1 or "
+                             "data_parallel_size_local=data_parallel_size")
+
+    @property
+    def data_parallel_multinode(self) -> bool:
+        """Some engine cores run on other nodes: the engines reach the front end over tcp."""
+        return self.data_parallel_size_local < self.data_parallel_size
 
     @property
     def local_world_size(self) -> int:

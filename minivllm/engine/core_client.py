@@ -10,7 +10,8 @@ flight from this client; its aborts follow it (reqs_in_flight). vLLM balances DP
 DPLBAsyncMPClient, vllm/v1/engine/core_client.py:1751-1812, and chapter 07.
 
 Death. A monitor thread waits on the engines' process sentinels (or pidfds, for engines that
-another process started); the output side also recognises the ENGINE_CORE_DEAD frame. Either
+another process started); the output side also recognises the ENGINE_CORE_DEAD frame. Engines
+on other nodes (tcp addresses) have neither: a PeerWatch hears their connections drop. Either
 way every blocked and every later call raises EngineDeadError: the error is queued after the
 outputs already received, and a getter that takes it puts it back for the next one, so no
 caller can be left waiting (vLLM's sync output thread leaves on shutdown without queueing an
@@ -33,9 +34,11 @@ from typing import Any
 
 import zmq
 
+from minivllm.distributed.peer_watch import PeerWatch
 from minivllm.engine.client_resources import ClientResources
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
+from minivllm.engine.core_io import HEARTBEAT
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import (
     ENGINE_CORE_DEAD, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest,
@@ -122,8 +125,10 @@ class MPClient(EngineCoreClient):
                 output_address = client_addresses.output_address
                 watch = [os.pidfd_open(p) for p in client_addresses.engine_pids]
                 self.resources.owned_fds = watch
+            remote = input_address.startswith("tcp://")  # engines on other nodes, maybe
             self.input_socket = self.resources.input_socket = make_zmq_socket(
-                ctx, input_address, zmq.ROUTER, bind=True, linger=0)
+                ctx, input_address, zmq.ROUTER, bind=True, linger=0,
+                heartbeat=HEARTBEAT if remote else None)
             self.output_socket = self.resources.output_socket = make_zmq_socket(
                 ctx, output_address, zmq.PULL, bind=True, linger=0)
             self.ready_responses = self._wait_for_engines(config.data_parallel_size)
@@ -138,6 +143,25 @@ class MPClient(EngineCoreClient):
         self.utility_results: dict[int, Any] = {}  # call id -> future
         self._call_ids = itertools.count()
         self.start_thread(_monitor_engines, "EngineCoreMonitor", watch, self.resources.stop_r)
+        if remote:
+            self._watch_connections()
+
+    def _watch_connections(self) -> None:
+        """Engines on other nodes have no sentinel here: a dropped connection of the ROUTER
+        (the engine's kernel closed it: milliseconds; or heartbeats went unanswered for
+        HEARTBEAT_TIMEOUT_MS) is an engine's death. Engines never disconnect while we run."""
+        client_ref = weakref.ref(self)
+
+        def on_lost(_key: object, endpoint: str) -> None:
+            client = client_ref()
+            if client is not None and not client._closing:
+                client.set_dead(EngineDeadError(
+                    f"an engine core's connection to {endpoint} closed or fell silent for "
+                    f"{HEARTBEAT[1] / 1000:g} s (the engine or its node died, or the link went "
+                    "down): every request in flight is lost. Restart the engines."))
+
+        watch = PeerWatch({"engines": self.input_socket}, on_lost, name="EngineCoreConnWatch")
+        self.resources.stoppers.append(watch.stop)
 
     def start_thread(self, fn: Any, name: str, *args: Any) -> None:
         """A daemon thread running fn(weak reference to this client, *args), released with it.

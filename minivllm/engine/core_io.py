@@ -12,12 +12,16 @@ In vLLM: vllm/v1/engine/core.py:1933 (process_input_sockets), :2042 (process_out
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 import msgspec
 import zmq
 
+from minivllm.distributed.peer_watch import PeerWatch
+from minivllm.distributed.shm_broadcast import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from minivllm.engine.messages import (
     ENGINE_CORE_DEAD, EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
     UtilityOutput, UtilityRequest)
@@ -30,6 +34,10 @@ logger = logging.getLogger(__name__)
 RT = EngineCoreRequestType
 OUTPUT_LINGER_MS = 4000  # at exit, queued outputs (and ENGINE_CORE_DEAD) get this to leave
 STOP_OUTPUT = object()  # put on the output queue at a clean exit
+# Engines on other nodes than their front end: ZMTP heartbeats on the tcp connections, so that
+# a front end whose host or link vanished (no FIN) is noticed after HEARTBEAT_TIMEOUT_MS.
+HEARTBEAT = (HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS)
+FRONT_END_GONE_GRACE_S = OUTPUT_LINGER_MS / 1000 + 6  # the loop's exit, then the outputs' linger
 _LOG_FIRST_DROPS, _LOG_EVERY_DROPS = 10, 1000  # a flood of garbage must not flood the log
 
 
@@ -44,7 +52,7 @@ class InvalidRequest(msgspec.Struct):
 
 class EngineCoreIOMixin:
     """Needs: engine_index, input_queue, aborts_queue, output_queue, output_thread,
-    num_dropped, ready_response()."""
+    num_dropped, shutdown_requested, ready_response(), wake_up()."""
 
     def _log_drop(self, what: str) -> None:
         self.num_dropped += 1
@@ -59,8 +67,12 @@ class EngineCoreIOMixin:
         decoders = {RT.ADD: MsgpackDecoder(EngineCoreRequest), RT.ABORT: MsgpackDecoder(list[str]),
                     RT.UTILITY: MsgpackDecoder(UtilityRequest)}
         ctx = zmq.Context()
-        sockets = [make_zmq_socket(ctx, a, zmq.DEALER, bind=False, identity=identity, linger=0)
-                   for a in addresses]
+        remote = any(a.startswith("tcp://") for a in addresses)  # engines on several nodes
+        sockets = [make_zmq_socket(ctx, a, zmq.DEALER, bind=False, identity=identity, linger=0,
+                                   heartbeat=HEARTBEAT if remote else None) for a in addresses]
+        if remote:
+            PeerWatch(dict(enumerate(sockets)), self._on_front_end_lost,
+                      name="EngineCoreFrontEndWatch")
         hello = MsgpackEncoder().encode(self.ready_response())
         poller = zmq.Poller()
         for sock in sockets:
@@ -75,6 +87,16 @@ class EngineCoreIOMixin:
                         self._receive(sockets.index(sock), frames, decoders)
                 except Exception as e:  # noqa: BLE001 - this thread must outlive any message
                     self._log_drop(f"a message that broke the input thread: {e!r}")
+
+    def _on_front_end_lost(self, client_index: int, endpoint: str) -> None:
+        """A front end on another node exited, was killed, or fell silent: stop, as at SIGTERM
+        (a headless node's engines end with their leader), or exit if the loop is stuck."""
+        logger.warning("engine core %d lost its front end at %s: shutting down",
+                       self.engine_index, endpoint)
+        self.shutdown_requested = True
+        self.wake_up()
+        time.sleep(FRONT_END_GONE_GRACE_S)
+        os._exit(0)  # still here (a daemon thread): the clean exit did not come
 
     def _receive(self, client_index: int, frames: list, decoders: dict) -> None:
         """Decode one message onto the queues; never raises (a bad message must not end us)."""

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 RT = EngineCoreRequestType
 IO_READY_TIMEOUT_S = 30.0  # the IO threads connect their sockets; seconds would mean stuck
+STOP_POLL_S = 0.1  # the handshake's wait looks at the stop flag this often
 
 
 class EngineCoreProc(EngineCoreIOMixin, EngineCore):
@@ -185,8 +186,16 @@ class EngineCoreProc(EngineCoreIOMixin, EngineCore):
             self.output_queue.put((client, EngineCoreOutputs(
                 outputs=outs, finished_requests=[o.request_id for o in outs])))
 
+def _wait_for_addresses(handshake: zmq.Socket, stop: threading.Event) -> bool:
+    """Poll in slices, so that SIGTERM ends the wait (pyzmq resumes a poll after a signal)."""
+    for _ in range(int(ADDRESSES_TIMEOUT_S / STOP_POLL_S)):
+        if handshake.poll(STOP_POLL_S * 1000) or stop.is_set():
+            return not stop.is_set()
+    return False
+
+
 def run_engine_core(link: ChildLink, config: EngineConfig, engine_index: int,
-                    handshake_address: str, num_clients: int = 1) -> None:
+                    handshake_address: str) -> None:
     """The engine core process's target (utils.mp.launch): handshake, then the busy loop."""
     from setproctitle import setproctitle
 
@@ -204,12 +213,16 @@ def run_engine_core(link: ChildLink, config: EngineConfig, engine_index: int,
 
     signal.signal(signal.SIGTERM, request_shutdown)
     signal.signal(signal.SIGINT, request_shutdown)
+    threading.Thread(target=lambda: (link.wait_stop(), request_shutdown()), daemon=True,
+                     name="EngineCoreStopWatcher").start()
     ctx = zmq.Context()
     handshake = make_zmq_socket(ctx, handshake_address, zmq.DEALER, bind=False,
                                 identity=dp_rank_identity(engine_index), linger=1000)
     try:
         handshake.send(msgspec.msgpack.encode(HandshakeHello(engine_index, os.getpid())))
-        if not handshake.poll(ADDRESSES_TIMEOUT_S * 1000):
+        if not _wait_for_addresses(handshake, stop):
+            if stop.is_set():  # stopped while waiting (a headless node whose leader is not up)
+                return
             raise TimeoutError(f"engine core {engine_index} waited {ADDRESSES_TIMEOUT_S:g} s for "
                                f"the launcher's addresses on {handshake_address}")
         addresses = msgspec.msgpack.decode(handshake.recv(), type=EngineZmqAddresses)
@@ -222,8 +235,6 @@ def run_engine_core(link: ChildLink, config: EngineConfig, engine_index: int,
     finally:
         close_all(handshake, linger=1000)
         ctx.term()
-    threading.Thread(target=lambda: (link.wait_stop(), request_shutdown()), daemon=True,
-                     name="EngineCoreStopWatcher").start()
     if stop.is_set():
         request_shutdown()
     try:

@@ -18,6 +18,12 @@ identity is its DP rank (2 bytes, little endian):
 
 While it waits, the launcher also watches each engine's process sentinel: an engine that dies
 during start-up is reported at once, with its exit code, not after the timeout.
+
+Engines on other nodes (data_parallel_size_local < data_parallel_size): the ROUTER binds
+tcp://data_parallel_address:data_parallel_rpc_port, the clients' addresses are tcp ports on
+that address, and the launcher waits for every rank's HELLO, its own engines' and those that
+`minivllm serve --headless --data-parallel-start-rank S` starts (engine/headless.py): those
+have no sentinel here, so the other nodes have HELLO_TIMEOUT_S to come up.
 In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), :1206
 (launch_core_engines), :100 (EngineZmqAddresses), :242 (CoreEngineProcManager); the engine's
 side: vllm/v1/engine/core.py:1352-1460.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import threading
 import time
 from multiprocessing.context import BaseContext
@@ -40,7 +47,8 @@ from minivllm.engine.messages import (
     ADDRESSES_TIMEOUT_S, EngineCoreReadyResponse, EngineZmqAddresses, HandshakeFailed,
     HandshakeHello, HandshakeMessage, HandshakeReady)
 from minivllm.utils.mp import ProcHandle, choose_start_method, launch
-from minivllm.utils.zmq import IpcDir, close_all, identity_to_rank, make_zmq_socket
+from minivllm.utils.zmq import (
+    IpcDir, close_all, identity_to_rank, make_zmq_socket, tcp_address)
 
 logger = logging.getLogger(__name__)
 
@@ -115,41 +123,80 @@ class CoreEngineProcManager:
 def launch_core_engines(config: EngineConfig, num_api_servers: int = 1,
                         ready_timeout: float = READY_TIMEOUT_S
                         ) -> tuple[CoreEngineProcManager, EngineZmqAddresses]:
-    """Start config.data_parallel_size engine cores and wait until every one is READY."""
-    from minivllm.engine.core_proc import run_engine_core  # the child's module, imported late
-
+    """Start this node's engine cores and wait until all config.data_parallel_size are READY
+    (with data_parallel_size_local < data_parallel_size, the others say HELLO over tcp from
+    their nodes, `minivllm serve --headless`)."""
+    if config.data_parallel_start_rank != 0:
+        raise ValueError("the front end runs on the node of DP rank 0: data_parallel_start_rank "
+                         f"{config.data_parallel_start_rank} belongs to a headless node")
     ipc_dir = IpcDir()
-    addresses = EngineZmqAddresses(
-        inputs=[ipc_dir.path(f"input{i}") for i in range(num_api_servers)],
-        outputs=[ipc_dir.path(f"output{i}") for i in range(num_api_servers)])
+    handshake_address, addresses = _engine_addresses(config, ipc_dir, num_api_servers)
     ctx = zmq.Context()
-    handshake = make_zmq_socket(ctx, ipc_dir.path("handshake"), zmq.ROUTER, bind=True, linger=0)
-    manager = CoreEngineProcManager([], ipc_dir)
-    context = start_context()
+    handshake = make_zmq_socket(ctx, handshake_address, zmq.ROUTER, bind=True, linger=0)
     try:
-        for rank in range(config.data_parallel_size):
-            manager.handles.append(launch(
-                run_engine_core, f"EngineCore_{rank}",
-                args=(config, rank, ipc_dir.path("handshake"), num_api_servers),
-                context=context))
-        manager.ready_responses = wait_for_engine_startup(handshake, manager, addresses,
-                                                          ready_timeout)
-    except BaseException:
-        manager.close()
-        raise
+        manager = start_engine_procs(config, handshake_address, ipc_dir)
+        try:
+            manager.ready_responses = wait_for_engine_startup(
+                handshake, manager, addresses, ready_timeout, config.data_parallel_size)
+        except BaseException:
+            manager.close()
+            raise
     finally:
         close_all(handshake)
         ctx.term()
     return manager, addresses
 
 
+def _engine_addresses(config: EngineConfig, ipc_dir: IpcDir, num_api_servers: int
+                      ) -> tuple[str, EngineZmqAddresses]:
+    """ipc:// on one node; tcp:// at data_parallel_address when engines run on other nodes
+    (vLLM: get_engine_zmq_addresses, vllm/v1/engine/utils.py)."""
+    if not config.data_parallel_multinode:
+        return ipc_dir.path("handshake"), EngineZmqAddresses(
+            inputs=[ipc_dir.path(f"input{i}") for i in range(num_api_servers)],
+            outputs=[ipc_dir.path(f"output{i}") for i in range(num_api_servers)])
+    host = config.data_parallel_address
+    ports = [open_port(host) for _ in range(2 * num_api_servers)]
+    return tcp_address(host, config.data_parallel_rpc_port), EngineZmqAddresses(
+        inputs=[tcp_address(host, p) for p in ports[:num_api_servers]],
+        outputs=[tcp_address(host, p) for p in ports[num_api_servers:]])
+
+
+def open_port(host: str) -> int:
+    """A TCP port free on `host` now (the clients bind it a moment later, as in vLLM)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_engine_procs(config: EngineConfig, handshake_address: str,
+                       ipc_dir: IpcDir | None = None) -> CoreEngineProcManager:
+    """This node's engine processes, DP ranks start_rank .. start_rank + size_local - 1
+    (vLLM: CoreEngineProcManager's start_index/local_start_index). They connect to the
+    handshake at `handshake_address`; nobody waits for them here."""
+    from minivllm.engine.core_proc import run_engine_core  # the child's module, imported late
+
+    manager = CoreEngineProcManager([], ipc_dir or IpcDir())
+    context = start_context()
+    first = config.data_parallel_start_rank
+    try:
+        for rank in range(first, first + config.data_parallel_size_local):
+            manager.handles.append(launch(
+                run_engine_core, f"EngineCore_{rank}",
+                args=(config, rank, handshake_address), context=context))
+    except BaseException:
+        manager.close()
+        raise
+    return manager
+
+
 def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManager,
-                            addresses: EngineZmqAddresses, ready_timeout: float
+                            addresses: EngineZmqAddresses, ready_timeout: float, count: int
                             ) -> list[EngineCoreReadyResponse]:
-    """Answer each engine's HELLO with the addresses; return their ready responses by rank."""
+    """Answer each engine's HELLO with the addresses; return the ready responses of ranks
+    0..count-1. Only this node's engines have sentinels; the others are heard over tcp."""
     decoder = msgspec.msgpack.Decoder(HandshakeMessage)
     reply = msgspec.msgpack.encode(addresses)
-    count = len(manager.handles)
     hello: set[int] = set()
     ready: dict[int, EngineCoreReadyResponse] = {}
     poller = zmq.Poller()
@@ -174,6 +221,10 @@ def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManage
         if handshake in events:
             identity, body = handshake.recv_multipart()
             rank = identity_to_rank(identity)
+            if not 0 <= rank < count:
+                logger.warning("ignored a HELLO from DP rank %d: data_parallel_size is %d",
+                               rank, count)
+                continue
             msg = decoder.decode(body)
             if isinstance(msg, HandshakeHello):
                 hello.add(rank)

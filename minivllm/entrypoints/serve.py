@@ -16,7 +16,11 @@ engine core, with its own client_index.
 
 Across nodes (-tp N --nnodes K, vLLM's flags): node 0 runs as above; every other node runs
 `minivllm serve --headless --node-rank R ...`, which starts only its share of the TP workers
-(executor/multinode.py) and exits when the leader goes away or on SIGTERM.
+(executor/multinode.py) and exits when the leader goes away or on SIGTERM. DP engines on other
+nodes (-dp N --data-parallel-size-local L --data-parallel-address A --data-parallel-rpc-port
+P): the leader runs the API server(s) and engines 0..L-1; another node runs `minivllm serve
+--headless ... --data-parallel-start-rank S` (engine/headless.py), and its engines reach the
+front end over tcp.
 
 --host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
 """
@@ -85,8 +89,19 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master-port", type=int, default=29501,
                    help="the process group's rendezvous port on the leader")
     g.add_argument("--headless", action="store_true",
-                   help="run this node's workers only, no API server (nodes 1..nnodes-1); "
-                        "exits when the leader goes away, or on SIGTERM")
+                   help="no API server: run this node's TP workers (nodes 1..nnodes-1) or "
+                        "DP engines (--data-parallel-start-rank S >= 1); exits when the "
+                        "leader goes away, or on SIGTERM")
+    d = p.add_argument_group("data-parallel engines on several nodes (vllm/engine/"
+                             "arg_utils.py:557-560)")
+    d.add_argument("-dpl", "--data-parallel-size-local", type=int, default=None,
+                   help="DP engines on this node (default: all of -dp)")
+    d.add_argument("-dpr", "--data-parallel-start-rank", type=int, default=None,
+                   help="the first DP rank on this node (headless nodes; the leader's is 0)")
+    d.add_argument("-dpa", "--data-parallel-address", default=None,
+                   help="the leader's address, as every node reaches it (default 127.0.0.1)")
+    d.add_argument("-dpp", "--data-parallel-rpc-port", type=int, default=None,
+                   help="the leader's handshake port (default 29550)")
 
 
 def engine_config(args: argparse.Namespace) -> Any:
@@ -102,7 +117,11 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("master_addr", args.master_addr),
                         ("master_port", args.master_port),
                         ("tensor_parallel_size", args.tensor_parallel_size),
-                        ("data_parallel_size", args.data_parallel_size)):
+                        ("data_parallel_size", args.data_parallel_size),
+                        ("data_parallel_size_local", args.data_parallel_size_local),
+                        ("data_parallel_start_rank", args.data_parallel_start_rank),
+                        ("data_parallel_address", args.data_parallel_address),
+                        ("data_parallel_rpc_port", args.data_parallel_rpc_port)):
         if value is None or (value == 1 and name.endswith("parallel_size")):
             continue
         if name not in fields:
@@ -146,7 +165,8 @@ def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
     me = psutil.Process()
     procs = [me] + [p for p in me.children(recursive=True)
                     if "resource_tracker" not in " ".join(p.cmdline())]
-    expected = serve_process_count(tp=args.tensor_parallel_size, dp=args.data_parallel_size,
+    expected = serve_process_count(tp=args.tensor_parallel_size,
+                                   dp=config.data_parallel_size_local,
                                    api_server_count=api_servers)
     note = ""
     if expected.dp_coordinator and len(procs) == expected.total - 1:
@@ -248,11 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = engine_config(args)  # a bad path or flag: one line, before anything starts
         if args.headless:
-            from minivllm.executor.multinode import run_headless
-            return run_headless(config)
-        if config.node_rank != 0:
-            raise ValueError(f"--node-rank {config.node_rank} is not the leader: add --headless "
-                             "(the API server runs on node 0 only)")
+            if args.api_server_count not in (None, 1):
+                raise ValueError("--api-server-count does not go with --headless: a headless "
+                                 "node runs no API server")
+            if config.nnodes > 1:
+                from minivllm.executor.multinode import run_headless
+                return run_headless(config)
+            from minivllm.engine.headless import run_headless_engines
+            return run_headless_engines(config)
+        if config.node_rank != 0 or config.data_parallel_start_rank != 0:
+            raise ValueError(f"--node-rank {config.node_rank} --data-parallel-start-rank "
+                             f"{config.data_parallel_start_rank} is not the leader: add "
+                             "--headless (the API server runs on node 0, DP rank 0, only)")
     except (OSError, ValueError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
     # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like

@@ -90,7 +90,7 @@ def run_headless(config: EngineConfig) -> int:
                     [p.name for p in procs], config.master_addr, config.master_port)
         print(f"minivllm serve --headless: node {config.node_rank} of {config.nnodes} runs "
               f"{len(procs)} worker(s); waiting for the leader", flush=True)
-        return _wait(procs, stop_r)
+        return wait_node_procs(procs, stop_r)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -103,8 +103,9 @@ def _stop_requested(stop_r: int) -> bool:
     return bool(multiprocessing.connection.wait([stop_r], 0))
 
 
-def _wait(procs: list[ProcHandle], stop_r: int) -> int:
-    """Until every worker exited (the leader is gone) or a signal came; 1 if one failed."""
+def wait_node_procs(procs: list[ProcHandle], stop_r: int) -> int:
+    """Until every process exited (the leader is gone) or a signal came; 1 if one failed
+    (also the wait of a headless node's DP engines, engine/headless.py)."""
     alive = list(procs)
     while alive:
         ready = multiprocessing.connection.wait([p.sentinel for p in alive] + [stop_r])

@@ -56,11 +56,14 @@ def socket_buffer_size() -> int:
 
 
 def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool | None = None,
-                    identity: bytes | None = None, linger: int | None = None) -> zmq.Socket:
+                    identity: bytes | None = None, linger: int | None = None,
+                    heartbeat: tuple[int, int] | None = None) -> zmq.Socket:
     """Make a socket of `socket_type`, bind or connect it to `path`, and return it.
 
     bind defaults to True except for PUSH, SUB and XSUB. A tcp path with port 0 binds to a
-    free port (see `bound_address`). The caller owns the socket: close it.
+    free port (see `bound_address`). heartbeat=(interval_ms, timeout_ms): ZMTP PINGs on every
+    connection, dropped after timeout_ms of silence (a peer whose host vanished). The caller
+    owns the socket: close it.
     """
     sock = ctx.socket(socket_type)
     try:
@@ -75,6 +78,10 @@ def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool | 
             sock.setsockopt(zmq.IDENTITY, identity)
         if linger is not None:
             sock.setsockopt(zmq.LINGER, linger)
+        if heartbeat is not None:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat[0])
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat[1])
+            sock.setsockopt(zmq.HEARTBEAT_TTL, heartbeat[1])
         if socket_type == zmq.XPUB:
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscription, not only the first
         if bind if bind is not None else socket_type not in _CONNECT_BY_DEFAULT:
