@@ -11,8 +11,8 @@ are cumulative, so a consumer slower than the engine just sees a later state, an
 queues up behind it. A consumer that stops iterating (or whose task is cancelled) aborts its
 request in the engine. Several API server processes can share the engines: each is a client
 with its own addresses and client_index (engine/launcher.py: launch_core_engines).
-In vLLM: vllm/v1/engine/async_llm.py:93 (AsyncLLM), :726 (generate), :856 (the output handler);
-RequestOutputCollector, vllm/v1/engine/output_processor.py:53.
+In vLLM: AsyncLLM in vllm/v1/engine/async_llm.py (its generate, and _run_output_handler, the
+output handler); RequestOutputCollector in vllm/v1/engine/output_processor.py.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class AsyncLLM:
             config, asyncio_mode=True, multiprocess=True, client_addresses=client_addresses,
             client_index=client_index)
         # A dropped AsyncLLM stops its engine: the handler task holds it only weakly
-        # (vLLM's output handler captures what it needs for the same reason, async_llm.py:856).
+        # (vLLM's output handler captures what it needs for the same reason, AsyncLLM._run_output_handler).
         self._finalizer = weakref.finalize(self, _stop, self.engine_core, self._handler)
 
     @property

@@ -3,7 +3,7 @@ back to it. The client's threads hold only a weak reference to the client, and a
 weakref.finalize releases these when a dropped client is collected: re-running
 `llm = LLM(...)` in a notebook stops the previous engine instead of leaving it running until
 the kernel exits. vLLM does the same with BackgroundResources
-(vllm/v1/engine/core_client.py:502, finalizer :632, weak monitor :829).
+(vllm/v1/engine/core_client.py (BackgroundResources), finalizer MPClient.__init__, weak monitor MPClient.start_engine_core_monitor).
 """
 
 from __future__ import annotations

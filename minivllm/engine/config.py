@@ -1,6 +1,6 @@
 """The engine's configuration: one dataclass, validated once, shared by every layer.
 
-In vLLM the same role is played by VllmConfig (vllm/config/vllm.py:349), which bundles the
+In vLLM the same role is played by VllmConfig (vllm/config/vllm.py (VllmConfig)), which bundles the
 model, cache, scheduler and parallel configs.
 """
 
@@ -48,7 +48,7 @@ class EngineConfig:
     data_parallel_size: int = 1  # engine core processes, each with the whole model
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
     distributed_executor_backend: str | None = None  # "uni" | "mp"; None: "mp" when TP > 1
-    # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py:318-327):
+    # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py (ParallelConfig)):
     # the TP ranks are split evenly over nnodes nodes; node 0 (the leader) runs the engine
     # core, the others run `minivllm serve --headless`. master_addr:master_port is where the
     # process group meets (on the leader); master_addr must be the leader's address as every
@@ -57,7 +57,7 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501  # vLLM's default
-    # Data-parallel engine cores on several nodes (vLLM: vllm/engine/arg_utils.py:557-560).
+    # Data-parallel engine cores on several nodes (vLLM: vllm/engine/arg_utils.py (EngineArgs)).
     # This node runs DP ranks start_rank .. start_rank + size_local - 1; the leader (start rank
     # 0) also runs the front end, whose handshake ROUTER listens at address:rpc_port, where the
     # other nodes' engines (`minivllm serve --headless`) say HELLO over tcp.

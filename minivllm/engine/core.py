@@ -2,7 +2,7 @@
 
 This is the in-process core: the caller adds `EngineCoreRequest`s and calls `step()`, which
 returns `EngineCoreOutputs`. `EngineCoreProc` (engine/core_proc.py) runs the same object in its
-own process behind ZMQ sockets. In vLLM: vllm/v1/engine/core.py:121 (step at :667).
+own process behind ZMQ sockets. In vLLM: EngineCore (and its step) in vllm/v1/engine/core.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from minivllm.executor.abstract import Executor
 from minivllm.utils import tracing
 
 # The methods a client may call by name with call_utility (vLLM looks any method up with
-# getattr, core.py:1771; a list keeps the socket from reaching shutdown or private helpers).
+# getattr in EngineCoreProc._handle_client_request; a list keeps the socket from reaching shutdown or private helpers).
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_stats", "collective_rpc", "echo"})
 
 

@@ -5,9 +5,9 @@
 
 The MP clients bind one ROUTER (requests out, by engine identity) and one PULL (outputs in),
 shared by all data-parallel engines. Engine i's DEALER has the identity i as 2 bytes little
-endian (vllm/v1/engine/core.py:1191). A request goes to the engine with the fewest requests in
+endian (vllm/v1/engine/core.py (EngineCoreProc.__init__)). A request goes to the engine with the fewest requests in
 flight from this client; its aborts follow it (reqs_in_flight). vLLM balances DP differently:
-DPLBAsyncMPClient, vllm/v1/engine/core_client.py:1751-1812, and chapter 07.
+DPLBAsyncMPClient, vllm/v1/engine/core_client.py (DPLBAsyncMPClient.get_core_engine_for_request), and chapter 07.
 
 Death. A monitor thread waits on the engines' process sentinels (or pidfds, for engines that
 another process started); the output side also recognises the ENGINE_CORE_DEAD frame. Engines
@@ -15,10 +15,9 @@ on other nodes (tcp addresses) have neither: a PeerWatch hears their connections
 way every blocked and every later call raises EngineDeadError: the error is queued after the
 outputs already received, and a getter that takes it puts it back for the next one, so no
 caller can be left waiting (vLLM's sync output thread leaves on shutdown without queueing an
-error, core_client.py:995-1018; its get_output() then waits forever).
-In vLLM: vllm/v1/engine/core_client.py:83 (EngineCoreClient), :366 (InprocClient), :598
-(MPClient), :833 (monitor_engine_cores), :955 (SyncMPClient), :1149 (AsyncMPClient), :1469
-(DPAsyncMPClient), :1710 (DPLBAsyncMPClient).
+error, SyncMPClient's output thread; its get_output() then waits forever).
+In vLLM: vllm/v1/engine/core_client.py: EngineCoreClient, InprocClient, MPClient (its
+monitor_engine_cores), SyncMPClient, AsyncMPClient, DPAsyncMPClient, DPLBAsyncMPClient.
 """
 
 from __future__ import annotations

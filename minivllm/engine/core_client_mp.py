@@ -1,6 +1,6 @@
 """The two MP clients: SyncMPClient (LLM: an output thread feeds a queue) and AsyncMPClient
 (AsyncLLM: an asyncio task feeds an asyncio queue). What they share is MPClient, core_client.py.
-In vLLM: vllm/v1/engine/core_client.py:955 (SyncMPClient), :1149 (AsyncMPClient)."""
+In vLLM: vllm/v1/engine/core_client.py (SyncMPClient), AsyncMPClient."""
 
 from __future__ import annotations
 

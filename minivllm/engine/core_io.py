@@ -6,7 +6,7 @@ python/minisgl/scheduler/io.py). The input thread polls one DEALER per client an
 output thread encodes what the busy loop puts on `output_queue` into one reused buffer and
 sends it on the PUSH of the client it belongs to. Neither may die of a bad message: what does not
 decode is logged and dropped, or, when its request id can be read, answered with an error.
-In vLLM: vllm/v1/engine/core.py:1933 (process_input_sockets), :2042 (process_output_sockets).
+In vLLM: vllm/v1/engine/core.py (EngineCoreProc.process_input_sockets), process_output_sockets.
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ The sockets live in the IO threads, so the busy loop never waits on the network,
 decoding/encoding overlaps the model's forward pass (numpy and torch release the GIL).
 The queues are `queue.SimpleQueue`: its put() is reentrant, so the SIGTERM/SIGINT handler can
 wake an idle loop by putting WAKEUP (vLLM's Queue cannot be put to from a handler, whose
-comment at vllm/v1/engine/core.py:1515-1520 explains why, and needs a helper thread).
+comment at vllm/v1/engine/core.py (EngineCoreProc.run_engine_core) explains why, and needs a helper thread).
 
 Faults: a message that does not decode, or a request the engine refuses, never stops the loop.
 A request whose id is known gets an output with FinishReason.ERROR and the reason; anything
 else is logged and dropped. A fatal error (an exception in the loop, a worker death) sends the
 raw frame ENGINE_CORE_DEAD to every client and exits with code 1.
-The IO threads live in core_io.py. In vLLM: vllm/v1/engine/core.py:1165 (EngineCoreProc), :1621
-(run_busy_loop), :1870 (_send_engine_dead), :1462 (run_engine_core).
+The IO threads live in core_io.py. In vLLM: EngineCoreProc in vllm/v1/engine/core.py (its
+run_busy_loop, _send_engine_dead, run_engine_core).
 """
 
 from __future__ import annotations

@@ -4,15 +4,15 @@ Byte-level BPE splits a multi-byte character (an accented letter, an emoji) acro
 decoding a token on its own gives U+FFFD for the missing bytes. So we decode a short window of
 recent tokens twice, before and after the new ones, emit only the difference, and wait while the
 window ends in U+FFFD. In vLLM: SlowIncrementalDetokenizer and check_stop_strings,
-vllm/v1/engine/detokenizer.py:262 and :321; detokenize_incrementally,
-vllm/tokenizers/detokenizer_utils.py:176.
+vllm/v1/engine/detokenizer.py (SlowIncrementalDetokenizer) and check_stop_strings; detokenize_incrementally,
+vllm/tokenizers/detokenizer_utils.py (detokenize_incrementally).
 
 Stop strings are held back. Text is cut before a stop string only once the whole string has
 arrived, so the last `len(longest stop) - 1` characters of an unfinished request may still be
 the start of one: a stream that sent them would send what the finished text leaves out.
 `get_next_output_text` withholds them until the request finishes or more text shows they are
 not a stop string (vLLM: stop_buffer_length and get_next_output_text,
-vllm/v1/engine/detokenizer.py:88 and :161).
+vllm/v1/engine/detokenizer.py (BaseIncrementalDetokenizer.__init__) and BaseIncrementalDetokenizer.get_next_output_text).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A node that runs data-parallel engine cores for a front end on another node:
 `minivllm serve --headless -dp N --data-parallel-size-local L --data-parallel-start-rank S
 --data-parallel-address A --data-parallel-rpc-port P` (vLLM: run_headless,
-vllm/entrypoints/cli/serve.py:181-230, with a CoreEngineProcManager whose start_index is S).
+vllm/entrypoints/cli/serve.py (run_headless), with a CoreEngineProcManager whose start_index is S).
 
     leader (DP rank 0..)                          this node (ranks S .. S+L-1)
     handshake ROUTER tcp://A:P   <── HELLO ────   each engine's DEALER, identity = its rank

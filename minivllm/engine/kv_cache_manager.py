@@ -7,9 +7,9 @@ only when everything before it matches too.
 
 Blocks with no owner stay in `free_blocks`, oldest first, and keep their hash: a later request
 with the same prefix takes them back (a cache hit) until allocation evicts them, oldest first.
-In vLLM: get_computed_blocks and allocate_slots, vllm/v1/core/kv_cache_manager.py:266 and :380;
-cache_full_blocks, vllm/v1/core/block_pool.py:230; FreeKVCacheBlockQueue and hash_block_tokens,
-vllm/v1/core/kv_cache_utils.py:258 and :707.
+In vLLM: get_computed_blocks and allocate_slots, vllm/v1/core/kv_cache_manager.py (KVCacheManager.get_computed_blocks) and KVCacheManager.allocate_slots;
+cache_full_blocks, vllm/v1/core/block_pool.py (BlockPool.cache_full_blocks); FreeKVCacheBlockQueue and hash_block_tokens,
+vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue) and hash_block_tokens.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ tcp://data_parallel_address:data_parallel_rpc_port, the clients' addresses are t
 that address, and the launcher waits for every rank's HELLO, its own engines' and those that
 `minivllm serve --headless --data-parallel-start-rank S` starts (engine/headless.py): those
 have no sentinel here, so the other nodes have HELLO_TIMEOUT_S to come up.
-In vLLM: vllm/v1/engine/utils.py:1403-1596 (wait_for_engine_startup), :1206
-(launch_core_engines), :100 (EngineZmqAddresses), :242 (CoreEngineProcManager); the engine's
-side: vllm/v1/engine/core.py:1352-1460.
+In vLLM: vllm/v1/engine/utils.py (wait_for_engine_startup, launch_core_engines,
+EngineZmqAddresses, CoreEngineProcManager); the engine's side: EngineCoreProc._perform_handshake
+in vllm/v1/engine/core.py.
 """
 
 from __future__ import annotations

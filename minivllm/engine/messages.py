@@ -26,7 +26,7 @@ can only route to a peer it has heard from (chapter 03).
 Engine core -> front end (engine PUSH, front-end PULL): [msgpack EngineCoreOutputs,
 out-of-band buffers...]. No type byte: every message is EngineCoreOutputs, which also carries
 utility replies (utility_output), except the last message of an engine that fails: the one
-raw frame ENGINE_CORE_DEAD (as vLLM: vllm/v1/engine/core.py:1168). A raw frame because the
+raw frame ENGINE_CORE_DEAD (as vLLM: vllm/v1/engine/core.py (EngineCoreProc)). A raw frame because the
 death notice must not depend on what may have failed (the encoder, a Struct's schema), and the
 client recognises it before decoding anything. It cannot be mistaken for an EngineCoreOutputs:
 that body always starts with a msgpack array header (0x90-0x9f, 0xdc), this one with "E".
@@ -36,10 +36,10 @@ output: at batch 32 with one token each, lists encode and decode ~10x faster tha
 arrays and ~2x faster than one flat array for the step (`minivllm bench overhead` measures
 all three in its wire rows; chapter 07 shows them).
 
-In vLLM: vllm/v1/engine/__init__.py:300 (EngineCoreRequestType), :113 (EngineCoreRequest),
-:203 (EngineCoreOutput), :254 (UtilityOutput), :266 (EngineCoreOutputs), :74
-(EngineCoreReadyResponse); the framing: vllm/v1/engine/core_client.py:1045 (identity, type,
-frames...) and vllm/v1/engine/core.py:1992 (type_frame, *data_frames).
+In vLLM: vllm/v1/engine/__init__.py (EngineCoreRequestType, EngineCoreRequest,
+EngineCoreOutput, UtilityOutput, EngineCoreOutputs, EngineCoreReadyResponse); the framing:
+SyncMPClient._send_input in vllm/v1/engine/core_client.py (identity, type, frames...) and
+EngineCoreProc.process_input_sockets in vllm/v1/engine/core.py (type_frame, *data_frames).
 """
 
 from __future__ import annotations

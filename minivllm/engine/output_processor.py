@@ -1,8 +1,8 @@
 """From EngineCoreOutputs (token ids) to RequestOutputs (text) in the front end.
 
 Stop strings are found here, after detokenizing, so the processor tells its caller which
-requests to abort in the engine core. In vLLM: vllm/v1/engine/output_processor.py:551;
-CompletionOutput and RequestOutput, vllm/outputs.py:59 and :137.
+requests to abort in the engine core. In vLLM: vllm/v1/engine/output_processor.py (OutputProcessor);
+CompletionOutput and RequestOutput, vllm/outputs.py (CompletionOutput) and RequestOutput.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class OutputProcessor:
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(new_ids, finished=finish_reason is not None)
                 if stop is not None:  # wins over "length" when it ends on the last token
-                    if finish_reason is None:  # vLLM: v1/engine/output_processor.py:828
+                    if finish_reason is None:  # vLLM: OutputProcessor.process_outputs
                         to_abort.append(out.request_id)
                     finish_reason, stop_reason = FinishReason.STOP, stop
                 # a stream sends this text's growth: hold back what may begin a stop string

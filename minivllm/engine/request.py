@@ -1,4 +1,4 @@
-"""A request as the engine core tracks it. In vLLM: vllm/v1/request.py:60."""
+"""A request as the engine core tracks it. In vLLM: vllm/v1/request.py (Request)."""
 
 from __future__ import annotations
 

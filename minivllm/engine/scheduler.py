@@ -5,8 +5,8 @@ running requests go first, one token each for a decode or the next chunk of a lo
 (chunked prefill); waiting requests fill what is left of the budget. When the KV cache runs out
 of blocks, the most recently admitted running request is preempted: its blocks are freed and it
 goes back to the front of the waiting queue, to be recomputed later (prefix caching usually
-gives most of it back). In vLLM: schedule, _preempt_request and update_from_output in
-vllm/v1/core/sched/scheduler.py:699, :1799 and :2259; check_stop, vllm/v1/core/sched/utils.py:98.
+gives most of it back). In vLLM: Scheduler's schedule, _preempt_request and
+update_from_output in vllm/v1/core/sched/scheduler.py; check_stop in vllm/v1/core/sched/utils.py.
 """
 
 from __future__ import annotations

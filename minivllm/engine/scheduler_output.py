@@ -4,8 +4,8 @@ Both are msgspec Structs of numpy arrays, so a later chapter can broadcast a Sch
 to tensor-parallel workers over the shared-memory MessageQueue without touching Python lists.
 Each step carries everything the worker needs (the tokens to run, the full block tables, the
 sampling parameters), so the worker keeps no per-request state; vLLM sends diffs instead
-(SchedulerOutput, vllm/v1/core/sched/output.py:232; ModelRunnerOutput,
-vllm/v1/outputs.py:267) to keep large batches cheap.
+(SchedulerOutput, vllm/v1/core/sched/output.py (SchedulerOutput); ModelRunnerOutput,
+vllm/v1/outputs.py (ModelRunnerOutput)) to keep large batches cheap.
 Rows are requests, in the scheduler's order; token arrays are flat, rows one after another.
 """
 

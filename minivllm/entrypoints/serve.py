@@ -92,8 +92,7 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="no API server: run this node's TP workers (nodes 1..nnodes-1) or "
                         "DP engines (--data-parallel-start-rank S >= 1); exits when the "
                         "leader goes away, or on SIGTERM")
-    d = p.add_argument_group("data-parallel engines on several nodes (vllm/engine/"
-                             "arg_utils.py:557-560)")
+    d = p.add_argument_group("data-parallel engines on several nodes (vLLM's flags)")
     d.add_argument("-dpl", "--data-parallel-size-local", type=int, default=None,
                    help="DP engines on this node (default: all of -dp)")
     d.add_argument("-dpr", "--data-parallel-start-rank", type=int, default=None,
