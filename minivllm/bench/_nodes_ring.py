@@ -32,11 +32,16 @@ def writer(n: int, pace_s: float, connect_ip: str) -> None:
         mq.enqueue(None)
 
 
-def reader(rank: int, handle_json: str) -> None:
+def handle_from_json(handle_json: str) -> Handle:
+    """The Handle a writer printed with json.dumps(dataclasses.asdict(handle))."""
     fields = json.loads(handle_json)
     if fields["buffer_handle"] is not None:
         fields["buffer_handle"] = tuple(fields["buffer_handle"])
-    handle = Handle(**fields)
+    return Handle(**fields)
+
+
+def reader(rank: int, handle_json: str) -> None:
+    handle = handle_from_json(handle_json)
     latencies = []
     with MessageQueue.create_from_handle(handle, rank) as mq:
         mq.wait_until_ready(READY_TIMEOUT_S)

@@ -43,42 +43,54 @@ def ring_rows(n: int, netem: bool) -> list[dict]:
             if delay:
                 for i in range(2):
                     c.delay(i, delay)
-            mod = [sys.executable, "-m", "minivllm.bench._nodes_ring"]
-            writer = c.popen(0, mod + ["writer", str(n), str(PACE_S), c.addresses[0]],
-                             stdout=subprocess.PIPE, text=True)
-            handle = writer.stdout.readline().strip()
-            readers = [c.popen(i, mod + ["reader", str(i), handle], stdout=subprocess.PIPE,
-                               text=True) for i in (0, 1)]
-            for r in readers:
-                row = json.loads(r.communicate(timeout=RUN_TIMEOUT_S)[0].splitlines()[-1])
-                rows.append({"part": "ring", "reader": "remote" if row["remote"] else "local",
-                             "netem_ms": delay, **row})
-            writer.communicate(timeout=RUN_TIMEOUT_S)
+            rows += [dict(row, netem_ms=delay) for row in ring_rows_on(c, n)]
+    return rows
+
+
+def ring_rows_on(c, n: int) -> list[dict]:
+    """The writer and a local reader on host 0, a remote reader on host 1 of `c` (a
+    NetnsCluster, or bench/cross_host.py's loopback stand-in): one row per reader."""
+    mod = [sys.executable, "-m", "minivllm.bench._nodes_ring"]
+    writer = c.popen(0, mod + ["writer", str(n), str(PACE_S), c.addresses[0]],
+                     stdout=subprocess.PIPE, text=True)
+    handle = writer.stdout.readline().strip()
+    readers = [c.popen(i, mod + ["reader", str(i), handle], stdout=subprocess.PIPE, text=True)
+               for i in (0, 1)]
+    rows = []
+    for r in readers:
+        row = json.loads(r.communicate(timeout=RUN_TIMEOUT_S)[0].splitlines()[-1])
+        rows.append({"part": "ring", "reader": "remote" if row["remote"] else "local", **row})
+    writer.communicate(timeout=RUN_TIMEOUT_S)
     return rows
 
 
 def tp_rows(model: str | None, tokens: int) -> list[dict]:
     """tok/s of TP=3 on one host, then over three hosts; both leaders run on host 0."""
+    with NetnsCluster(3) as c:
+        return tp_rows_on(c, model, tokens, BATCH, PORT)
+
+
+def tp_rows_on(c, model: str | None, tokens: int, batch: int, port: int) -> list[dict]:
+    """The same on `c`'s hosts (a NetnsCluster, or bench/cross_host.py's loopback stand-in)."""
     base = dict(model=model, tensor_parallel_size=3, num_threads=1)
     leader = [sys.executable, "-m", "minivllm.bench._nodes_leader"]
+    multi = dict(base, nnodes=3, master_addr=c.addresses[0], master_port=port)
     rows = []
-    with NetnsCluster(3) as c:
-        multi = dict(base, nnodes=3, master_addr=c.addresses[0], master_port=PORT)
-        for name, args in (("one_host_tp3", base), ("cross_host_tp3", multi)):
-            nodes = []
-            if name == "cross_host_tp3":
-                serve = [sys.executable, "-m", "minivllm.cli", "serve", *([model] if model else []),
-                         "--headless", "-tp", "3", "--nnodes", "3", "--master-addr",
-                         c.addresses[0], "--master-port", str(PORT), "--num-threads", "1"]
-                nodes = [c.popen(i, serve + ["--node-rank", str(i)], stdout=subprocess.DEVNULL)
-                         for i in (1, 2)]
-            run = c.popen(0, leader + [json.dumps(args), str(BATCH), str(tokens)],
-                          stdout=subprocess.PIPE, text=True)
-            out = run.communicate(timeout=RUN_TIMEOUT_S)[0]
-            for node in nodes:
-                node.wait(RUN_TIMEOUT_S)
-            rows.append({"part": "tp", "run": name, "batch": BATCH,
-                         **json.loads(out.splitlines()[-1])})
+    for name, args in (("one_host_tp3", base), ("cross_host_tp3", multi)):
+        nodes = []
+        if name == "cross_host_tp3":
+            serve = [sys.executable, "-m", "minivllm.cli", "serve", *([model] if model else []),
+                     "--headless", "-tp", "3", "--nnodes", "3", "--master-addr",
+                     c.addresses[0], "--master-port", str(port), "--num-threads", "1"]
+            nodes = [c.popen(i, serve + ["--node-rank", str(i)], stdout=subprocess.DEVNULL)
+                     for i in (1, 2)]
+        run = c.popen(0, leader + [json.dumps(args), str(batch), str(tokens)],
+                      stdout=subprocess.PIPE, text=True)
+        out = run.communicate(timeout=RUN_TIMEOUT_S)[0]
+        for node in nodes:
+            node.wait(RUN_TIMEOUT_S)
+        rows.append({"part": "tp", "run": name, "batch": batch,
+                     **json.loads(out.splitlines()[-1])})
     return rows
 
 
