@@ -47,7 +47,9 @@ class EngineConfig:
     num_threads: int | None = None  # torch threads in the worker; None: torch's default
     data_parallel_size: int = 1  # engine core processes, each with the whole model
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
-    distributed_executor_backend: str | None = None  # "uni" | "mp"; None: "mp" when TP > 1
+    distributed_executor_backend: str | None = None  # "uni" | "mp" | "ray"; None: "mp" when TP > 1
+    # the ray backend's cluster, HOST:PORT of its head (None: $RAY_ADDRESS); see executor/ray_utils.py
+    ray_address: str | None = None
     # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py (ParallelConfig)):
     # the TP ranks are split evenly over nnodes nodes; node 0 (the leader) runs the engine
     # core, the others run `minivllm serve --headless`. master_addr:master_port is where the
@@ -95,12 +97,16 @@ class EngineConfig:
         self._check_dp_nodes()
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "mp" if self.tensor_parallel_size > 1 else "uni"
-        if self.distributed_executor_backend not in ("uni", "mp"):
-            raise ValueError(f"distributed_executor_backend must be 'uni' or 'mp', got "
+        if self.distributed_executor_backend not in ("uni", "mp", "ray"):
+            raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or 'ray', got "
                              f"{self.distributed_executor_backend!r}")
+        if self.distributed_executor_backend == "ray":  # Ray places the nodes: nnodes stays 1
+            from minivllm.executor.ray_utils import check_ray_cluster
+            self.ray_address = check_ray_cluster(self.ray_address)
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError("the 'uni' executor runs one worker in the engine core's process: "
-                             "use distributed_executor_backend='mp' for tensor_parallel_size > 1")
+                             "use distributed_executor_backend='mp' (or 'ray') for "
+                             "tensor_parallel_size > 1")
 
     def _check_nodes(self) -> None:
         tp, n = self.tensor_parallel_size, self.nnodes
@@ -113,7 +119,8 @@ class EngineConfig:
                              f"use nnodes in {works}, or a tensor_parallel_size divisible by {n}")
         if n > 1 and self.distributed_executor_backend not in (None, "mp"):
             raise ValueError("nnodes > 1 needs distributed_executor_backend='mp' (got "
-                             f"{self.distributed_executor_backend!r})")
+                             f"{self.distributed_executor_backend!r}; the ray backend finds "
+                             "its nodes in the Ray cluster: leave nnodes at 1)")
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}")
 

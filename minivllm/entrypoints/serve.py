@@ -74,6 +74,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="write a Chrome/Perfetto trace of every process to FILE at exit")
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch threads per worker (default: this node's cores / its ranks)")
+    p.add_argument("--distributed-executor-backend", choices=["uni", "mp", "ray"], default=None,
+                   help="how the TP workers start: processes of this node (mp, the default "
+                        "for -tp > 1) or Ray actors on a running Ray cluster's nodes (ray)")
+    p.add_argument("--ray-address", default=None,
+                   help="the Ray cluster's head, HOST:PORT (default: $RAY_ADDRESS)")
     add_node_flags(p)
     return p
 
@@ -116,6 +121,8 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("master_addr", args.master_addr),
                         ("master_port", args.master_port),
                         ("tensor_parallel_size", args.tensor_parallel_size),
+                        ("distributed_executor_backend", args.distributed_executor_backend),
+                        ("ray_address", args.ray_address),
                         ("data_parallel_size", args.data_parallel_size),
                         ("data_parallel_size_local", args.data_parallel_size_local),
                         ("data_parallel_start_rank", args.data_parallel_start_rank),

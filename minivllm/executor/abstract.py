@@ -15,8 +15,12 @@ FailureCallback = Callable[[], None]
 class Executor(ABC):
     @staticmethod
     def get_class(config: EngineConfig) -> type["Executor"]:
-        """UniProcExecutor (the worker inside this process) or MultiprocExecutor (worker
-        processes behind a MessageQueue), from config.distributed_executor_backend."""
+        """UniProcExecutor (the worker inside this process), MultiprocExecutor (worker
+        processes behind a MessageQueue) or RayExecutor (the same, the workers as Ray
+        actors), from config.distributed_executor_backend."""
+        if config.distributed_executor_backend == "ray":
+            from minivllm.executor.ray_executor import RayExecutor
+            return RayExecutor
         if config.distributed_executor_backend == "mp":
             from minivllm.executor.multiproc_executor import MultiprocExecutor
             return MultiprocExecutor

@@ -253,7 +253,8 @@ class MultiprocExecutor(Executor):
         """The other nodes' workers: no sentinel crosses machines, their reply connections
         do (distributed/peer_watch.py: a dead process within ms, a cut link within the
         heartbeat timeout)."""
-        remote = {w.rank: w.response_mq.remote_socket for w in self.workers if w.proc is None}
+        remote = {w.rank: w.response_mq.remote_socket for w in self.workers
+                  if w.response_mq.remote_socket is not None}
         if not remote:
             return
         self_ref = weakref.ref(self)

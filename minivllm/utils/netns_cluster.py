@@ -215,6 +215,15 @@ class NetnsCluster:
         r = self.sh(i, f"ls -A /dev/shm {self.tmpdirs[i]}")
         return [x for x in r.stdout.split() if x and not x.endswith(":")]
 
+    def processes(self, i: int) -> list[int]:
+        """The pids that run on host i, its init excepted."""
+        init = self._inits[i].pid if i < len(self._inits) else None
+        return [p for p in _pids_in_netns(f"/run/netns/{self.hosts[i]}") if p != init]
+
+    def stop_processes(self, i: int) -> None:
+        """End everything that runs on host i (SIGTERM, KILL_GRACE_S, SIGKILL)."""
+        _kill_all(self.processes(i))
+
     # --- the network ---------------------------------------------------------------------
     def link_down(self, i: int) -> None:
         """Cut host i off the network (its veth end in the switch goes down)."""

@@ -1,0 +1,213 @@
+"""RayExecutor: MultiprocExecutor's data path, with Ray as the launch, placement and health
+plane (vLLM: RayExecutorV2 in vllm/v1/executor/ray_executor_v2.py).
+
+    Ray cluster: head + worker nodes        the engine core (a Ray driver on one node)
+    placement group, one {"CPU": 1} bundle  ── ring (shm) ──> ranks on the driver's node
+    per TP rank (PACK, as vLLM)             ── XPUB tcp ────> ranks on the other nodes
+    each rank: a RayWorker actor in its     <── replies: shm (driver's node) or tcp ──
+    bundle, running WorkerProc              gloo over TCP, its TCPStore in rank 0
+    health: ray.wait on each actor's run() reference, and PeerWatch on the tcp replies
+
+What Ray does: find CPUs on the nodes, start one process per rank there, and say when one
+ends. What it does not: carry a step's bytes; they take the ring and TCP exactly as with
+`--nnodes` (worker/multinode.py). The bundles are sorted so the driver's node holds ranks
+0..L-1, and every node must hold the same number L (minivllm's multi-node layout).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import weakref
+from typing import Any
+
+from minivllm.distributed.parallel_state import get_open_port
+from minivllm.executor.multiproc_executor import MultiprocExecutor, WorkerProcHandle
+from minivllm.executor.ray_utils import HOW_TO_START
+from minivllm.utils.mp import STOP_GRACE_S
+from minivllm.worker.worker_proc import unlink_queue_files
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 60.0  # free CPUs are reserved in ms; longer means they are not there
+START_TIMEOUT_S = 300.0  # every actor imported torch, joined the group, attached its queues
+MONITOR_POLL_S = 1.0  # ray.wait's timeout: how soon the monitor sees a shutdown (vLLM: 5 s)
+
+
+class RayWorker:
+    """One TP rank inside a Ray actor (vLLM: RayWorkerProc). Two calls may run at once
+    (max_concurrency=2): run() holds one thread for the busy loop, stop() wakes it."""
+
+    def start(self, config: Any, rank: int, broadcast_handle: Any, init_method: str) -> dict:
+        from setproctitle import setproctitle
+
+        from minivllm.worker.worker_proc import WorkerProc, process_title
+        setproctitle(process_title(rank, config.tensor_parallel_size))
+        self.proc = WorkerProc(config, rank, broadcast_handle, init_method)
+        return self.proc.reply_handles
+
+    def run(self) -> int:
+        """The busy loop until stop() or the leader's loss; what worker_main does."""
+        from minivllm.distributed.shm_broadcast import QueueShutdown
+        from minivllm.utils import run_dir
+        from minivllm.worker import multinode
+        try:
+            self.proc.wait_until_ready()
+            if self.proc.rpc_broadcast_mq.remote_socket is not None:
+                multinode.watch_leader(self.proc)
+            self.proc.worker_busy_loop()
+        except QueueShutdown:
+            pass
+        finally:
+            self.proc.shutdown(engine_core_died=False)
+            run_dir.remove_at_exit()  # ray.kill ends the process next: no exit hooks run
+        return 0
+
+    def stop(self) -> None:
+        self.proc.wake_up()
+
+
+def ray_layout(pg: Any, driver_node: str) -> tuple[list[int], list[str], int]:
+    """The bundle index of each rank (the driver's node first), the node ids in that order,
+    and the ranks per node; ValueError if the placement is not minivllm's even layout."""
+    from ray.util import placement_group_table
+    bundle_node = placement_group_table(pg)["bundles_to_node_id"]
+    order = sorted(bundle_node, key=lambda b: (bundle_node[b] != driver_node, bundle_node[b], b))
+    counts = {n: list(bundle_node.values()).count(n) for n in bundle_node.values()}
+    if driver_node not in counts or len(set(counts.values())) > 1:
+        where = {n[:8]: c for n, c in counts.items()}
+        raise ValueError(f"Ray placed the TP ranks as {where} (node: ranks) with the driver on "
+                         f"{driver_node[:8]}: minivllm needs the driver's node to hold ranks "
+                         "and every node the same number; give each node the same --num-cpus")
+    return order, [bundle_node[b] for b in order], counts[driver_node]
+
+
+class RayExecutor(MultiprocExecutor):
+    def _init_executor(self) -> None:
+        import ray
+        from ray.util import placement_group
+        if not ray.is_initialized():
+            ray.init(address=self.config.ray_address, logging_level=logging.WARNING)
+        self._monitor: threading.Thread | None = None
+        self.actors: list[Any] = []
+        self.run_refs: list[Any] = []
+        tp = self.config.tensor_parallel_size
+        self.pg = placement_group([{"CPU": 1}] * tp, strategy="PACK")  # vLLM's strategy
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            self._release()
+            raise RuntimeError(f"the Ray cluster at {self.config.ray_address} has no {tp} free "
+                               f"CPUs for tensor_parallel_size={tp} (it has "
+                               f"{ray.available_resources().get('CPU', 0):g}): add nodes or "
+                               f"CPUs; {HOW_TO_START}") from None
+        try:
+            self.bundles, nodes, local = ray_layout(
+                self.pg, ray.get_runtime_context().get_node_id())
+        except ValueError:
+            self._release()
+            raise
+        # the workers see a multi-node layout: nnodes nodes of `local` ranks, met at this node
+        config = copy.copy(self.config)
+        config.nnodes, config.node_rank = tp // local, 0
+        config.master_addr = ray.util.get_node_ip_address()
+        config.master_port = get_open_port()
+        self.config = config
+        logger.info("ray: %d ranks on %d node(s), %d per node", tp, config.nnodes, local)
+        super()._init_executor()
+
+    def _start_workers(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from minivllm.distributed.shm_broadcast import MessageQueue
+        from minivllm.executor.messages import RPCResponse
+        from minivllm.serial import MsgpackDecoder
+        from minivllm.worker.worker_proc import READY_TIMEOUT_S
+        remote_worker = ray.remote(RayWorker)
+        for bundle in self.bundles:
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=bundle)
+            self.actors.append(remote_worker.options(
+                num_cpus=1, max_concurrency=2, scheduling_strategy=strategy).remote())
+        c = self.config
+        init_method = f"tcp://{c.master_addr}:{c.master_port}"
+        handle = self.rpc_broadcast_mq.export_handle()
+        refs = [a.start.remote(c, rank, handle if rank < c.local_world_size else None,
+                               init_method) for rank, a in enumerate(self.actors)]
+        handles: dict[int, Any] = {}
+        for ready in ray.get(refs, timeout=START_TIMEOUT_S):
+            handles.update(ready)
+        decoder = MsgpackDecoder(RPCResponse)
+        for rank in range(self.world_size):
+            mq = MessageQueue.create_from_handle(handles[rank], 0, decoder=decoder)
+            self.workers.append(WorkerProcHandle(rank, None, handles[rank], mq))
+        self.run_refs = [a.run.remote() for a in self.actors]
+        self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
+        for w in self.workers:
+            w.response_mq.wait_until_ready(READY_TIMEOUT_S)
+
+    def _who(self, rank: int) -> str:
+        return f"{rank} (Ray actor on node {rank // self.local_world_size})"
+
+    def _start_worker_monitor(self) -> None:
+        """A rank's run() reference resolves only when its actor ends: ray.wait on all of
+        them is Ray's sentinel (vLLM: RayExecutorV2.start_worker_monitor)."""
+        import ray
+        self_ref, refs = weakref.ref(self), list(self.run_refs)
+
+        def monitor_workers() -> None:
+            while True:
+                done, _ = ray.wait(refs, num_returns=1, timeout=MONITOR_POLL_S)
+                executor = self_ref()
+                if executor is None or executor.shutting_down:
+                    return
+                if done:
+                    rank = refs.index(done[0])
+                    executor._on_worker_death(executor.workers[rank], _how_it_ended(done[0]))
+                    return
+
+        self._monitor = threading.Thread(target=monitor_workers, daemon=True,
+                                         name="RayWorkerMonitor")
+        self._monitor.start()
+
+    def _stop_workers(self) -> None:
+        """Ask every actor to stop, wait STOP_GRACE_S for their run() to return, then
+        ray.kill them all and remove what a killed one left. Idempotent."""
+        import ray
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for actor in self.actors:
+                actor.stop.remote()
+            if self.run_refs:
+                ray.wait(self.run_refs, num_returns=len(self.run_refs), timeout=STOP_GRACE_S)
+            for actor in self.actors:
+                ray.kill(actor)
+            for w in self.workers:
+                unlink_queue_files(w.response_handle)
+
+    def shutdown(self) -> None:
+        if self.shutting_down:
+            return
+        super().shutdown()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(MONITOR_POLL_S * 5)  # out of ray.wait before Ray goes
+        self._release()
+
+    def _release(self) -> None:
+        import ray
+        from ray.util import remove_placement_group
+        if ray.is_initialized():
+            remove_placement_group(self.pg)
+            ray.shutdown()
+
+
+def _how_it_ended(ref: Any) -> str:
+    import ray
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayError as e:
+        return f"died ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
+    return "left its loop (the ring was shut down)"

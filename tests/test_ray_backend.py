@@ -1,0 +1,127 @@
+"""The Ray backend (executor/ray_executor.py): a clear error at once without Ray or without a
+cluster; and TP=3 on a real three-node Ray cluster (a head and two workers), each node a
+network-namespace host of its own (utils/netns_cluster.py: root only), so the cluster's ports
+and files meet no other run. Ray starts the ranks as actors; the ring, the replies and gloo
+cross the hosts as TCP, as with --nnodes (tests/test_multinode_netns.py).
+
+Stopping the cluster: never `ray stop` (it stops every Ray process of the machine, other
+users' too): the test ends the processes in its own hosts' namespaces, and checks that no
+process and no file is left on any host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from minivllm.engine.config import EngineConfig
+from minivllm.utils import netns_cluster
+from minivllm.utils.netns_cluster import NetnsCluster
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(REPO, "tests", "multinode_driver.py")
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+GCS_PORT = 6379  # each cluster has its own network: no other program holds it there
+RAY_DIR = "/dev/shm/ray"  # Ray's temp dir: the same path on every host, private to each
+# Ray's smallest object store (75 MiB); minivllm passes nothing through it
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+RAY_START_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 240.0
+NO_CLUSTER = "127.0.0.1:1"  # port 1: nothing listens there
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("address", [None, NO_CLUSTER])
+def test_no_cluster_fails_at_once_saying_how_to_start_one(address, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ValueError, match="ray start --head"):
+        EngineConfig(tensor_parallel_size=3, distributed_executor_backend="ray",
+                     ray_address=address)
+    r = cli("-m", "minivllm.cli", "serve", "-tp", "3", "--distributed-executor-backend",
+            "ray", env={"RAY_ADDRESS": address or ""})
+    assert r.returncode != 0 and "ray start --head" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_without_ray_installed_the_error_says_what_to_install():
+    """`import ray` failing, as where it is not installed (sys.modules[name] = None makes
+    the import raise ImportError)."""
+    code = ("import sys; sys.modules['ray'] = None; from minivllm.cli import main; "
+            "sys.argv = ['minivllm', 'serve', '-tp', '3', '--distributed-executor-backend', "
+            "'ray']; main()")
+    r = cli("-c", code, env={"RAY_ADDRESS": NO_CLUSTER})
+    assert r.returncode != 0, r.stdout
+    assert "pip install ray==2.60.0" in r.stderr and "ray start --head" in r.stderr, r.stderr
+
+
+# --- a real cluster ------------------------------------------------------------------------
+def ray_env() -> dict[str, str]:
+    return {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.environ.get("PYTHONPATH", REPO)}
+
+
+def ray_start(c: NetnsCluster, i: int) -> subprocess.Popen:
+    """`ray start` on host i (the head on host 0): one CPU, no dashboard, a small object
+    store; it returns once the node's daemons run."""
+    common = ["--num-cpus=1", f"--temp-dir={RAY_DIR}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+              f"--node-ip-address={c.addresses[i]}", "--disable-usage-stats"]
+    role = ([f"--port={GCS_PORT}", "--include-dashboard=false"]
+            if i == 0 else [f"--address={c.addresses[0]}:{GCS_PORT}"])
+    return c.popen(i, [RAY, "start", *(["--head"] if i == 0 else []), *role, *common],
+                   env=ray_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def start_cluster(c: NetnsCluster) -> float:
+    """A head on host 0 and a worker node on each other host; the seconds it took."""
+    t0 = time.monotonic()
+    for group in ([0], list(range(1, len(c.hosts)))):  # workers need the head
+        procs = [ray_start(c, i) for i in group]
+        for p in procs:
+            out = p.communicate(timeout=RAY_START_TIMEOUT_S)[0]
+            assert p.returncode == 0, out[-3000:]
+    return time.monotonic() - t0
+
+
+def stop_cluster(c: NetnsCluster) -> None:
+    """Every process of this cluster, host by host (SIGTERM, then SIGKILL), and Ray's files."""
+    for i in range(len(c.hosts)):
+        c.stop_processes(i)
+        c.sh(i, f"rm -rf {RAY_DIR}")
+
+
+@pytest.fixture
+def ray_cluster():
+    why = netns_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    with NetnsCluster(3) as c:
+        try:
+            print(f"ray cluster of 3 nodes started in {start_cluster(c):.1f} s")
+            yield c
+        finally:
+            stop_cluster(c)
+        for i in range(3):
+            assert c.processes(i) == [] and c.leftovers(i) == [], f"host {i} kept something"
+
+
+def test_tp3_on_a_three_node_ray_cluster_answers_paris(ray_cluster):
+    c = ray_cluster
+    args = dict(tensor_parallel_size=3, distributed_executor_backend="ray",
+                ray_address=f"{c.addresses[0]}:{GCS_PORT}", num_threads=1)
+    t0 = time.monotonic()
+    leader = c.popen(0, [sys.executable, DRIVER, "generate", json.dumps(args)], env=ray_env(),
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = leader.communicate(timeout=RUN_TIMEOUT_S)[0]
+    print(f"TP=3 over Ray: {time.monotonic() - t0:.1f} s")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert leader.returncode == 0 and lines, out[-4000:]
+    assert "Paris" in json.loads(lines[-1])["text"], out[-4000:]
+    assert "Ray actor" not in out  # no rank was reported dead
