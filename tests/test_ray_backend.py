@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from minivllm.engine.config import EngineConfig
@@ -32,6 +34,7 @@ RAY_DIR = "/dev/shm/ray"  # Ray's temp dir: the same path on every host, private
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 RAY_START_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 240.0
+DEAD_WITHIN_S = 60.0  # a hang check; the measured delay is printed
 NO_CLUSTER = "127.0.0.1:1"  # port 1: nothing listens there
 
 
@@ -97,14 +100,26 @@ def stop_cluster(c: NetnsCluster) -> None:
         c.sh(i, f"rm -rf {RAY_DIR}")
 
 
-@pytest.fixture
+def rss_mib(c: NetnsCluster) -> float:
+    """Resident memory of everything running on the cluster's hosts, MiB."""
+    total = 0
+    for pid in [p for i in range(len(c.hosts)) for p in c.processes(i)]:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            pass  # exited meanwhile
+    return total / 2**20
+
+
+@pytest.fixture(scope="module")
 def ray_cluster():
     why = netns_cluster.unavailable()
     if why:
         pytest.skip(why)
     with NetnsCluster(3) as c:
         try:
-            print(f"ray cluster of 3 nodes started in {start_cluster(c):.1f} s")
+            took = start_cluster(c)
+            print(f"ray cluster of 3 nodes started in {took:.1f} s, {rss_mib(c):.0f} MiB RSS")
             yield c
         finally:
             stop_cluster(c)
@@ -112,16 +127,46 @@ def ray_cluster():
             assert c.processes(i) == [] and c.leftovers(i) == [], f"host {i} kept something"
 
 
+def start_leader(c: NetnsCluster, mode: str, model: str | None) -> subprocess.Popen:
+    """tests/multinode_driver.py on host 0 (a node of the cluster): LLM(...) with TP=3 over Ray."""
+    args = dict(model=model, tensor_parallel_size=3, distributed_executor_backend="ray",
+                ray_address=f"{c.addresses[0]}:{GCS_PORT}", num_threads=1)
+    return c.popen(0, [sys.executable, DRIVER, mode, json.dumps(args)], env=ray_env(),
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_tp3_on_a_three_node_ray_cluster_answers_paris(ray_cluster):
     c = ray_cluster
-    args = dict(tensor_parallel_size=3, distributed_executor_backend="ray",
-                ray_address=f"{c.addresses[0]}:{GCS_PORT}", num_threads=1)
     t0 = time.monotonic()
-    leader = c.popen(0, [sys.executable, DRIVER, "generate", json.dumps(args)], env=ray_env(),
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    leader = start_leader(c, "generate", None)
     out = leader.communicate(timeout=RUN_TIMEOUT_S)[0]
     print(f"TP=3 over Ray: {time.monotonic() - t0:.1f} s")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert leader.returncode == 0 and lines, out[-4000:]
     assert "Paris" in json.loads(lines[-1])["text"], out[-4000:]
     assert "Ray actor" not in out  # no rank was reported dead
+
+
+def test_kill_9_of_a_ranks_actor_raises_engine_dead_error(ray_cluster, tiny_dir):
+    """Rank 2's actor on host 2 is SIGKILLed mid-generation: Ray (ray.wait on its run()) or its
+    reply connection (PeerWatch) tells the executor, and LLM.generate raises EngineDeadError."""
+    c = ray_cluster
+    leader = start_leader(c, "until_dead", tiny_dir)
+    for line in leader.stdout:
+        if line.strip() == "generating":
+            break
+    else:
+        pytest.fail("the leader never started generating")
+    print(f"generating: {rss_mib(c):.0f} MiB RSS on the three hosts")
+    # host 2 holds one rank, rank 2 (the driver's node holds rank 0); Ray titles it ray::RayWorker.run
+    (rank2,) = [p for p in c.processes(2) if "RayWorker" in " ".join(psutil.Process(p).cmdline())]
+    os.kill(rank2, signal.SIGKILL)
+    killed = time.time()
+    try:
+        out = leader.communicate(timeout=DEAD_WITHIN_S)[0]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"LLM.generate did not fail within {DEAD_WITHIN_S:g} s of the kill")
+    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    print(f"kill -9 of a remote rank's actor -> EngineDeadError in "
+          f"{report['dead_at'] - killed:.2f} s")
+    assert report["error"] and "worker 2 (Ray actor on node 2)" in out, out[-4000:]
