@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -39,10 +40,17 @@ class RayWorker:
     """One TP rank inside a Ray actor (vLLM: RayWorkerProc). Two calls may run at once
     (max_concurrency=2): run() holds one thread for the busy loop, stop() wakes it."""
 
-    def start(self, config: Any, rank: int, broadcast_handle: Any, init_method: str) -> dict:
+    def start(self, config: Any, rank: int, broadcast_handle: Any, init_method: str,
+              engine_run_dir: str | None) -> dict:
+        """Build the WorkerProc (it joins the group: every rank's start() runs at once). A
+        rank on the driver's node keeps its ipc files in the engine's run folder, which the
+        engine removes even if Ray kills this process first (utils/run_dir.py)."""
         from setproctitle import setproctitle
 
+        from minivllm.utils.run_dir import RUN_DIR_ENV
         from minivllm.worker.worker_proc import WorkerProc, process_title
+        if engine_run_dir:
+            os.environ[RUN_DIR_ENV] = engine_run_dir
         setproctitle(process_title(rank, config.tensor_parallel_size))
         self.proc = WorkerProc(config, rank, broadcast_handle, init_method)
         return self.proc.reply_handles
@@ -69,25 +77,31 @@ class RayWorker:
 
 
 def ray_layout(pg: Any, driver_node: str) -> tuple[list[int], list[str], int]:
-    """The bundle index of each rank (the driver's node first), the node ids in that order,
-    and the ranks per node; ValueError if the placement is not minivllm's even layout."""
+    """The bundle index of each rank (the driver's node first, then by address), the address
+    of each rank's node, and the ranks per node; ValueError unless every node holds as many
+    ranks as the driver's (minivllm's multi-node layout)."""
+    import ray
     from ray.util import placement_group_table
+    ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     bundle_node = placement_group_table(pg)["bundles_to_node_id"]
-    order = sorted(bundle_node, key=lambda b: (bundle_node[b] != driver_node, bundle_node[b], b))
-    counts = {n: list(bundle_node.values()).count(n) for n in bundle_node.values()}
-    if driver_node not in counts or len(set(counts.values())) > 1:
-        where = {n[:8]: c for n, c in counts.items()}
-        raise ValueError(f"Ray placed the TP ranks as {where} (node: ranks) with the driver on "
-                         f"{driver_node[:8]}: minivllm needs the driver's node to hold ranks "
-                         "and every node the same number; give each node the same --num-cpus")
-    return order, [bundle_node[b] for b in order], counts[driver_node]
+    order = sorted(bundle_node, key=lambda b: (bundle_node[b] != driver_node,
+                                               ip.get(bundle_node[b], ""), b))
+    nodes = list(bundle_node.values())
+    counts = {ip.get(n, n): nodes.count(n) for n in nodes}
+    if driver_node not in nodes or len(set(counts.values())) > 1:
+        raise ValueError(f"Ray placed the TP ranks as {counts} (node: ranks), the driver on "
+                         f"{ip.get(driver_node, driver_node)}: minivllm needs the driver's node "
+                         "to hold ranks and every node as many; give each node the same "
+                         "--num-cpus")
+    return order, [ip.get(bundle_node[b], "?") for b in order], nodes.count(driver_node)
 
 
 class RayExecutor(MultiprocExecutor):
     def _init_executor(self) -> None:
         import ray
         from ray.util import placement_group
-        if not ray.is_initialized():
+        self._ray_owner = not ray.is_initialized()  # ray.shutdown() at the end only if so
+        if self._ray_owner:
             ray.init(address=self.config.ray_address, logging_level=logging.WARNING)
         self._monitor: threading.Thread | None = None
         self.actors: list[Any] = []
@@ -103,7 +117,7 @@ class RayExecutor(MultiprocExecutor):
                                f"{ray.available_resources().get('CPU', 0):g}): add nodes or "
                                f"CPUs; {HOW_TO_START}") from None
         try:
-            self.bundles, nodes, local = ray_layout(
+            self.bundles, self.node_ips, local = ray_layout(
                 self.pg, ray.get_runtime_context().get_node_id())
         except ValueError:
             self._release()
@@ -123,6 +137,7 @@ class RayExecutor(MultiprocExecutor):
         from minivllm.distributed.shm_broadcast import MessageQueue
         from minivllm.executor.messages import RPCResponse
         from minivllm.serial import MsgpackDecoder
+        from minivllm.utils.run_dir import run_dir
         from minivllm.worker.worker_proc import READY_TIMEOUT_S
         remote_worker = ray.remote(RayWorker)
         for bundle in self.bundles:
@@ -133,8 +148,10 @@ class RayExecutor(MultiprocExecutor):
         c = self.config
         init_method = f"tcp://{c.master_addr}:{c.master_port}"
         handle = self.rpc_broadcast_mq.export_handle()
-        refs = [a.start.remote(c, rank, handle if rank < c.local_world_size else None,
-                               init_method) for rank, a in enumerate(self.actors)]
+        local = [rank < c.local_world_size for rank in range(self.world_size)]
+        refs = [a.start.remote(c, rank, handle if local[rank] else None, init_method,
+                               run_dir() if local[rank] else None)
+                for rank, a in enumerate(self.actors)]
         handles: dict[int, Any] = {}
         for ready in ray.get(refs, timeout=START_TIMEOUT_S):
             handles.update(ready)
@@ -148,7 +165,7 @@ class RayExecutor(MultiprocExecutor):
             w.response_mq.wait_until_ready(READY_TIMEOUT_S)
 
     def _who(self, rank: int) -> str:
-        return f"{rank} (Ray actor on node {rank // self.local_world_size})"
+        return f"{rank} (Ray actor on {self.node_ips[rank]})"
 
     def _start_worker_monitor(self) -> None:
         """A rank's run() reference resolves only when its actor ends: ray.wait on all of
@@ -170,6 +187,13 @@ class RayExecutor(MultiprocExecutor):
         self._monitor = threading.Thread(target=monitor_workers, daemon=True,
                                          name="RayWorkerMonitor")
         self._monitor.start()
+
+    def _on_worker_death(self, dead: WorkerProcHandle, how: str | None = None) -> None:
+        """As MultiprocExecutor's, but every rank's ring names go first: ray.kill (or the
+        driver's exit) ends the survivors too, with no chance to remove their own."""
+        for w in self.workers:
+            unlink_queue_files(w.response_handle)
+        super()._on_worker_death(dead, how)
 
     def _stop_workers(self) -> None:
         """Ask every actor to stop, wait STOP_GRACE_S for their run() to return, then
@@ -201,7 +225,8 @@ class RayExecutor(MultiprocExecutor):
         from ray.util import remove_placement_group
         if ray.is_initialized():
             remove_placement_group(self.pg)
-            ray.shutdown()
+            if self._ray_owner:
+                ray.shutdown()
 
 
 def _how_it_ended(ref: Any) -> str:
