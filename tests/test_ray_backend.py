@@ -74,8 +74,8 @@ def ray_env() -> dict[str, str]:
 def ray_start(c: NetnsCluster, i: int) -> subprocess.Popen:
     """`ray start` on host i (the head on host 0): one CPU, no dashboard, a small object
     store; it returns once the node's daemons run."""
-    common = ["--num-cpus=1", f"--temp-dir={RAY_DIR}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-              f"--node-ip-address={c.addresses[i]}", "--disable-usage-stats"]
+    common = ["--num-cpus=1", f"--temp-dir={RAY_DIR}", "--disable-usage-stats",
+              f"--object-store-memory={OBJECT_STORE_BYTES}", f"--node-ip-address={c.addresses[i]}"]
     role = ([f"--port={GCS_PORT}", "--include-dashboard=false"]
             if i == 0 else [f"--address={c.addresses[0]}:{GCS_PORT}"])
     return c.popen(i, [RAY, "start", *(["--head"] if i == 0 else []), *role, *common],

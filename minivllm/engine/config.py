@@ -47,9 +47,9 @@ class EngineConfig:
     num_threads: int | None = None  # torch threads in the worker; None: torch's default
     data_parallel_size: int = 1  # engine core processes, each with the whole model
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
-    distributed_executor_backend: str | None = None  # "uni" | "mp" | "ray"; None: "mp" when TP > 1
-    # the ray backend's cluster, HOST:PORT of its head (None: $RAY_ADDRESS); see executor/ray_utils.py
-    ray_address: str | None = None
+    # "uni" | "mp" | "ray" (TP ranks as Ray actors: executor/ray_executor.py); None: "mp" if TP > 1
+    distributed_executor_backend: str | None = None
+    ray_address: str | None = None  # the ray backend's cluster head, HOST:PORT; None: $RAY_ADDRESS
     # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py (ParallelConfig)):
     # the TP ranks are split evenly over nnodes nodes; node 0 (the leader) runs the engine
     # core, the others run `minivllm serve --headless`. master_addr:master_port is where the
