@@ -147,9 +147,12 @@ def test_tp3_on_a_three_node_ray_cluster_answers_paris(ray_cluster):
     assert "Ray actor" not in out  # no rank was reported dead
 
 
-def test_kill_9_of_a_ranks_actor_raises_engine_dead_error(ray_cluster, tiny_dir):
-    """Rank 2's actor on host 2 is SIGKILLed mid-generation: Ray (ray.wait on its run()) or its
-    reply connection (PeerWatch) tells the executor, and LLM.generate raises EngineDeadError."""
+def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
+    """Rank 0's actor, on the driver's host, is SIGKILLed mid-generation. Its replies come
+    over shared memory and its process is not the engine's child: no sentinel, no connection
+    drops. Ray tells (ray.wait on its run() reference), and LLM.generate raises
+    EngineDeadError. (A remote rank's death is also heard on its reply connection, as in
+    tests/test_multinode_netns.py.)"""
     c = ray_cluster
     leader = start_leader(c, "until_dead", tiny_dir)
     for line in leader.stdout:
@@ -158,17 +161,16 @@ def test_kill_9_of_a_ranks_actor_raises_engine_dead_error(ray_cluster, tiny_dir)
     else:
         pytest.fail("the leader never started generating")
     print(f"generating: {rss_mib(c):.0f} MiB RSS on the three hosts")
-    # host 2 holds one rank, rank 2 (ranks follow the nodes' addresses, the driver's first);
-    # Ray titles its process ray::RayWorker.run
-    (rank2,) = [p for p in c.processes(2) if "RayWorker" in " ".join(psutil.Process(p).cmdline())]
-    os.kill(rank2, signal.SIGKILL)
+    # host 0 holds one rank, rank 0 (the driver's node comes first); Ray titles its process
+    # ray::RayWorker.run
+    (rank0,) = [p for p in c.processes(0) if "RayWorker" in " ".join(psutil.Process(p).cmdline())]
+    os.kill(rank0, signal.SIGKILL)
     killed = time.time()
     try:
         out = leader.communicate(timeout=DEAD_WITHIN_S)[0]
     except subprocess.TimeoutExpired:
         pytest.fail(f"LLM.generate did not fail within {DEAD_WITHIN_S:g} s of the kill")
     report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    print(f"kill -9 of a remote rank's actor -> EngineDeadError in "
-          f"{report['dead_at'] - killed:.2f} s")
+    print(f"kill -9 of rank 0's actor -> EngineDeadError in {report['dead_at'] - killed:.2f} s")
     assert report["error"], out[-4000:]
-    assert f"worker 2 (Ray actor on {c.addresses[2]})" in out, out[-4000:]
+    assert f"worker 0 (Ray actor on {c.addresses[0]}) died (ActorDiedError" in out, out[-4000:]
