@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
-from minivllm.model import custom_ops, op_selection
+from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
+from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear,
+                                         QuantRowParallelLinear, QuantWeight)
 
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -32,11 +34,11 @@ def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class LayerWeights:
-    qkv: Linear  # ((heads + 2 * kv_heads) * head_dim / N, hidden), this rank's heads
-    o: Linear  # (hidden, heads * head_dim / N), all-reduced
-    gate_up: Linear  # (2 * intermediate / N, hidden)
-    down: Linear  # (hidden, intermediate / N), all-reduced
+class LayerWeights:  # each a Linear, or a QuantLinear on a GGUF's blocks (quant_linear.py)
+    qkv: Linear | QuantLinear  # ((heads + 2 * kv_heads) * head_dim / N, hidden), this rank's heads
+    o: Linear | QuantLinear  # (hidden, heads * head_dim / N), all-reduced
+    gate_up: Linear | QuantLinear  # (2 * intermediate / N, hidden)
+    down: Linear | QuantLinear  # (hidden, intermediate / N), all-reduced
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,24 +69,42 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
             return weights[name].float()
 
-        def fused(*names: str, norm: str | None = None) -> tuple[torch.Tensor, list[int]]:
-            pieces = [take(name) for name in names]  # (out, in) pieces -> one matrix
-            w = torch.cat(pieces, dim=0)
-            w = fold_norm(w, take(norm)) if norm else w
-            return w.to(dtype), [piece.shape[0] for piece in pieces]
+        def fused(*names: str, norm: str) -> torch.Tensor:
+            w = torch.cat([take(name) for name in names], dim=0)  # (out, in) pieces -> one
+            return fold_norm(w, take(norm)).to(dtype)
+
+        def blocks(*names: str) -> QuantWeight | None:  # the GGUF's blocks, float32 runs only
+            pieces = [weights.get(name) for name in names]
+            if dtype != torch.float32 or not all(isinstance(p, QuantWeight) for p in pieces):
+                return None
+            return quant_linear.cat(pieces)
+
+        def column(*names: str, norm: str) -> Linear | QuantLinear:
+            w = blocks(*names)
+            if w is None:
+                return ColumnParallelLinear(fused(*names, norm=norm), parts, self.tp,
+                                            fused_sizes(*names))
+            return QuantColumnParallelLinear(w, self.tp, fused_sizes(*names), scale=take(norm))
+
+        def fused_sizes(*names: str) -> list[int]:
+            return [weights[name].shape[0] for name in names]
+
+        def row(name: str) -> Linear | QuantLinear:
+            w = blocks(name)
+            if w is None or not quant_linear.row_shardable(w, n):
+                return RowParallelLinear(take(name).to(dtype), parts, self.tp)
+            return QuantRowParallelLinear(w, self.tp)
 
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            qkv, qkv_sizes = fused(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                                   norm=p + "input_layernorm.weight")
-            gate_up, gate_up_sizes = fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                                           norm=p + "post_attention_layernorm.weight")
             self.layers.append(LayerWeights(
-                qkv=ColumnParallelLinear(qkv, parts, self.tp, qkv_sizes),
-                o=RowParallelLinear(take(p + "self_attn.o_proj.weight").to(dtype), parts, self.tp),
-                gate_up=ColumnParallelLinear(gate_up, parts, self.tp, gate_up_sizes),
-                down=RowParallelLinear(take(p + "mlp.down_proj.weight").to(dtype), parts, self.tp)))
+                qkv=column(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+                           norm=p + "input_layernorm.weight"),
+                o=row(p + "self_attn.o_proj.weight"),
+                gate_up=column(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                               norm=p + "post_attention_layernorm.weight"),
+                down=row(p + "mlp.down_proj.weight")))
         # The final norm stays: the head is also the embedding when tied, so it cannot fold.
         self.norm = take("model.norm.weight").to(dtype)
         # One (vocab, hidden) matrix is the output head and, by rows, the embedding.
