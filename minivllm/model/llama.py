@@ -150,6 +150,14 @@ class LlamaModel:
                               self.allocate_kv_cache(num_blocks, block_size), meta)
         return self.compute_logits(hidden)
 
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one decode step reads on this rank: every layer matrix as it is
+        stored (a GGUF's blocks, or float), the output head and the final norm."""
+        matrices = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down)]
+        return (sum(stored_bytes(m) for m in matrices) + self.lm_head.weight.nbytes
+                + self.norm.nbytes)
+
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Per layer (2, this rank's kv heads, blocks, block_size * head_dim): kv_layout.py."""
         c = self.config
@@ -161,6 +169,14 @@ class LlamaModel:
         """All ranks together: with tensor parallelism each holds 1 / N of it."""
         itemsize = torch.empty(0, dtype=dtype).element_size()
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
+def stored_bytes(linear: Linear | QuantLinear) -> int:
+    """The bytes a batch-1 matmul streams: the blocks and the norm scale, or the float rows."""
+    if isinstance(linear, QuantLinear):
+        scale = 0 if linear.scale is None else linear.scale.nbytes
+        return linear.weight.data.nbytes + scale
+    return linear.weight.nbytes
 
 
 def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:
