@@ -26,7 +26,7 @@ from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
 from minivllm.model import csrc_build, custom_ops
 from minivllm.model.linear import Linear
-from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear,
+from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
 from minivllm.sampling_params import SamplingParams
 
@@ -111,6 +111,21 @@ def test_tensor_parallel_slices_of_blocks_add_up_to_the_whole_matrix():
         QuantRowParallelLinear(w, TPGroup(rank=0, world_size=5))
 
 
+def test_the_head_on_blocks_gives_logits_and_embedding_rows_on_every_rank():
+    """A Q8_0 table of 10 rows over 3 ranks (4, 4 and 2 rows plus 2 zero rows): each rank's
+    logits are its rows of the whole product, each lookup its rows of the dequantized table."""
+    w, reference = quantized(GGMLQuantizationType.Q8_0, 10, 64)
+    x, ids = torch.randn(2, 64), torch.tensor([0, 5, 9])
+    heads = [QuantLMHead(w, TPGroup(rank=r, world_size=3)) for r in range(3)]
+    logits = torch.cat([head.linear(x) for head in heads], dim=1)
+    assert_matmul_close(logits[:, :10], x, reference)
+    assert torch.equal(logits[:, 10:], torch.zeros(2, 2))
+    for head in heads:
+        local = ids - head.start
+        mine = (local >= 0) & (local < head.rows)
+        assert torch.equal(head.lookup(local[mine]), reference[ids[mine]])
+
+
 def test_an_unknown_quantization_is_refused():
     with pytest.raises(ValueError, match="use none"):
         EngineConfig(quantization="int3")
@@ -140,6 +155,7 @@ def runs():
 
 def test_the_blocks_are_the_default_for_a_quantized_gguf(runs):
     assert isinstance(runs[None][2].layers[0].down, QuantLinear)
+    assert isinstance(runs[None][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
     assert isinstance(runs["none"][2].layers[0].down, Linear)
 
 

@@ -23,7 +23,7 @@ from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_atte
 from minivllm.model.config import ModelConfig
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
-from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear,
+from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
 
 
@@ -109,7 +109,8 @@ class LlamaModel:
         self.norm = take("model.norm.weight").to(dtype)
         # One (vocab, hidden) matrix is the output head and, by rows, the embedding.
         head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = ParallelLMHead(take(head).to(dtype), parts, self.tp)
+        self.lm_head = (QuantLMHead(blocks(head), self.tp) if blocks(head) is not None else
+                        ParallelLMHead(take(head).to(dtype), parts, self.tp))
         self.embed_tokens = (self.lm_head if c.tie_word_embeddings else VocabParallelEmbedding(
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
@@ -155,7 +156,7 @@ class LlamaModel:
         stored (a GGUF's blocks, or float), the output head and the final norm."""
         matrices = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
                                                          layer.down)]
-        return (sum(stored_bytes(m) for m in matrices) + self.lm_head.weight.nbytes
+        return (sum(stored_bytes(m) for m in matrices) + stored_bytes(self.lm_head.linear)
                 + self.norm.nbytes)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:

@@ -98,7 +98,7 @@ def _gguf_weights(path: str, config: ModelConfig,
     weights: dict[str, torch.Tensor | QuantWeight] = {}
     with GGUFFile(path) as f:
         for name, info in f.tensors.items():
-            blocks = keep_blocks and name.startswith("blk.") and info.qtype in QUANT_TYPES
+            blocks = keep_blocks and len(info.shape) == 2 and info.qtype in QUANT_TYPES
             array = f.raw(name).reshape(info.shape[0], -1) if blocks else f.tensor(name)
             hf_name = _hf_name(name)
             if hf_name.endswith("q_proj.weight"):  # whole rows: the same on blocks

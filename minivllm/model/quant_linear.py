@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model import custom_ops
-from minivllm.model.linear import column_shard
+from minivllm.model.linear import ParallelLMHead, VocabParallelEmbedding, column_shard
 
 QUANT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
 QK = 32  # weights per block, in all three
@@ -119,3 +119,17 @@ class QuantRowParallelLinear(QuantLinear):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = super().__call__(x)
         return y if self.tp.world_size == 1 else self.tp.all_reduce(y.contiguous())
+
+
+class QuantLMHead(ParallelLMHead):
+    """linear.ParallelLMHead on blocks (a GGUF's Q8_0 token_embd, tied): this rank's vocabulary
+    rows of blocks (the last slice padded with zero blocks, which dequantize to 0); the logits
+    through q_linear, the embedding lookups dequantizing only the rows they take."""
+
+    def __init__(self, w: QuantWeight, tp: TPGroup):
+        VocabParallelEmbedding.__init__(self, w.data, tp)  # slices the rows of bytes
+        self.blocks = w.rows(self.weight)
+        self.linear = QuantLinear(self.blocks)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.blocks.rows(self.weight[ids]).float()
