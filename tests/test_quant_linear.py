@@ -170,3 +170,17 @@ def test_the_blocks_give_the_float32_paths_logits_and_tokens(runs):
         assert worst <= LOGIT_RTOL, f"{q!r}: logits differ by {worst:.3g} of their largest"
         chose = ref_logits[len(prompt) - 1:len(sequence) - 1]
         assert_greedy_match(ref, ours, chose, NEAR_TIE, repr(q))
+
+
+def test_three_ranks_on_the_blocks_give_the_in_process_outputs():
+    """The bundled GGUF on its blocks at TP=3 (worker processes, gloo all-reduce) against TP=1
+    in process: greedy tokens under the near-tie rule, logits teacher-forced on TP=1's tokens."""
+    from test_tp import run
+    prompts = [np.arange(5, 5 + n, dtype=np.int32) * 7 for n in (4, 19, 33)]
+    tokens1, scores1 = run(EngineConfig(), prompts)
+    tokens3, scores3 = run(EngineConfig(tensor_parallel_size=3), prompts, scored=tokens1)
+    for p, ref, ours, s1, s3 in zip(prompts, tokens1, tokens3, scores1, scores3):
+        s1, s3 = torch.as_tensor(s1), torch.as_tensor(s3)
+        worst = float(((s3 - s1).abs() / s1.abs().amax(dim=1, keepdim=True)).max())
+        assert worst <= LOGIT_RTOL, f"TP=3 logits differ by {worst:.3g} of their largest"
+        assert_greedy_match(ref, ours, s1[len(p) - 1:-1], NEAR_TIE, f"prompt of {len(p)}")
