@@ -57,7 +57,7 @@ def test_blocks_dequantize_as_gguf_does(qtype):
     assert torch.equal(w.float(), reference)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 8, 33])
+@pytest.mark.parametrize("rows", [1, 3, 5, 8, 33])  # 1, 3: the GEMV; 5+: tiles
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_c_and_torch_q_linear_match_the_dequantized_matmul(qtype, rows):
     w, reference = quantized(qtype, 70, 1536)  # 70 rows: a tile of 4 that is cut short

@@ -7,16 +7,17 @@
 //   Q8_0 (34 bytes): fp16 d, 32 int8; w = d * q
 // Nibble j of a block (j < 16) is the low half of byte j, weight j + 16 its high half.
 //
-// Each thread takes a range of output rows, TILE rows at a time: it unpacks the tile's blocks
-// once into a float buffer (TILE * K floats, in L1/L2), then every row of x (the whole batch)
-// is dotted against it, TILE outputs per pass over x. At batch 1 this is the GEMV (the bytes
-// read are the blocks: 5 bits a weight for Q4_1 instead of 32); at batch 32 each block is
-// unpacked once for all 32 rows. The loops are plain C written to vectorise: gcc emits AVX-512
-// for -march=native on a CPU with it and AVX2 for -march=x86-64-v3 (csrc_build.py).
+// Batches of 1-3 rows (decode at batch 1): the GEMV, each block from memory into registers,
+// with AVX-512 or AVX2 intrinsics, whichever the build's -march has (csrc_build.py: native,
+// or x86-64-v3 for AVX2 only). The bytes read are the blocks: 5 bits a weight for Q4_1.
+// Larger batches: each thread takes a range of output rows, TILE rows at a time; it unpacks
+// the tile's blocks once into a float buffer (TILE * K floats, in L1/L2), then every row of x
+// (the whole batch) is dotted against it, 4 rows of x at once: each block is unpacked once for
+// all rows of the batch. Those loops are plain C that gcc vectorises for the same -march.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -128,12 +129,102 @@ static void tile_dot(const float *restrict x, const float *restrict wt, float *r
     }
 }
 
+// The GEMV (batch 1-3): each block straight from memory into vector registers, no buffer.
+// sum_j (d q_j + m) x_j = d (q . x) + m sum(x): one multiply-add by d per block, and the
+// block sums of x (xsum) computed once. Q4_0 is m = -8 d, Q8_0 m = 0 with signed quants.
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float *x,
+                     const float *xsum) {
+    const int bs = block_bytes(qtype), off = qtype == GGML_Q4_1 ? 4 : 2;
+    const __m128i low4 = _mm_set1_epi8(0xf);
+    float mx = 0.f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+#else
+    __m256 acc = _mm256_setzero_ps();
+#endif
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bs;
+        const float d = half_to_float(blk), *xb = x + b * QK;
+        __m128i lo, hi;  // weights 0-15 and 16-31 as bytes
+        if (qtype == GGML_Q8_0) {
+            lo = _mm_loadu_si128((const __m128i *)(blk + 2));
+            hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+        } else {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + off));
+            lo = _mm_and_si128(q, low4);
+            hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+        }
+        mx += (qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f)
+              * xsum[b];
+#if defined(__AVX512F__)
+        __m512 wl, wh;
+        if (qtype == GGML_Q8_0) {
+            wl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+            wh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+        } else {
+            wl = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+            wh = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+        }
+        const __m512 t = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xb + 16),
+                                         _mm512_mul_ps(wl, _mm512_loadu_ps(xb)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), t, acc);
+#else
+        __m256 t = _mm256_setzero_ps();
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int i = 0; i < 4; i++) {
+            const __m256i v = qtype == GGML_Q8_0 ? _mm256_cvtepi8_epi32(parts[i])
+                                                 : _mm256_cvtepu8_epi32(parts[i]);
+            t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps(xb + 8 * i), t);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc);
+#endif
+    }
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(acc) + mx;
+#else
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s) + mx;
+#endif
+}
+
+enum { GEMV_ROWS = 4 };  // batches below this take the GEMV
+
+static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
+                int64_t qtype) {
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype);
+    float *xsum = malloc(sizeof(float) * M * nb);
+    if (xsum == NULL) return -2;
+    for (int64_t i = 0; i < M * nb; i++) {
+        float s = 0.f;
+        for (int j = 0; j < QK; j++) s += x[i * QK + j];
+        xsum[i] = s;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++)
+            out[m * N + n] = row_dot(w + n * row_bytes, qtype, nb, x + m * K, xsum + m * nb);
+    free(xsum);
+    return 0;
+}
+#else
+enum { GEMV_ROWS = 0 };  // no vector GEMV in a build without AVX2: the tiles serve every batch
+static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
+                int64_t qtype) {
+    return -1;
+}
+#endif
+
 // x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, out (M, N) float32.
 // Returns 0, -1 for an unknown qtype or K not a multiple of 32, -2 without memory.
 int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
              int64_t qtype) {
     const int bs = block_bytes(qtype);
     if (bs == 0 || K % QK != 0 || M < 1 || N < 1) return -1;
+    if (M < GEMV_ROWS) return gemv(x, w, out, M, N, K, qtype);
     const int64_t nb = K / QK, row_bytes = nb * bs, tiles = (N + TILE - 1) / TILE;
     int failed = 0;
 #pragma omp parallel
