@@ -164,7 +164,7 @@ def test_build_caches_by_source_and_reports_compiler_errors(tmp_path, monkeypatc
     assert csrc_build.build() == first and first.stat().st_mtime_ns == stamp  # no rebuild
     bad = tmp_path / "bad.c"
     bad.write_text("int f( {\n")
-    monkeypatch.setattr(csrc_build, "SOURCE", bad)
+    monkeypatch.setattr(csrc_build, "SOURCES", [csrc_build.SOURCES[0], bad])
     with pytest.raises(csrc_build.KernelBuildError, match="error"):
         csrc_build.build()
     with pytest.raises(csrc_build.KernelBuildError, match="no C compiler"):

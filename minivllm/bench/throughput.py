@@ -1,7 +1,8 @@
 """`minivllm bench throughput`: offline decode tok/s of the in-process engine, next to this
 machine's two limits, measured in the same run.
 
-- Batch 1 reads every weight once per token: its limit is memory bandwidth / weight bytes.
+- Batch 1 reads every weight once per token: its limit is memory bandwidth / the bytes the
+  weights are stored in (a GGUF's blocks where the layers run on them: model/quant_linear.py).
 - Batch 32 does 2 FLOPs per weight per token: its limit is matmul FLOP/s / (2 x weights).
 
 Each row: the engine (EngineCore.step: scheduler, runner, sampler) and the model alone
@@ -175,7 +176,7 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     """
     cfg = core.config
     torch_dtype = cfg.torch_dtype
-    weight_bytes = cfg.model_config.num_params * torch.empty(0, dtype=torch_dtype).element_size()
+    weight_bytes = core.model_executor.driver_worker.model_runner.model.weight_bytes_per_step()
     flops_per_token = 2 * cfg.model_config.num_params
     samples = []
     for r in range(rp.rounds):
@@ -189,7 +190,7 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
                         "vs_bandwidth_limit": engine * weight_bytes / bandwidth,
                         "vs_matmul_limit": engine * flops_per_token / matmul.value})
     row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
-           "emulated": rp.emulated is not None}
+           "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6}
     row.update({k: statistics.median(s[k] for s in samples) for k in samples[0]})
     return row
 
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("throughput", __doc__)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
+                        help="as `minivllm serve`: none runs a GGUF on float weights")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
     steps, rounds = (4, 1) if quick else (24, 3)
@@ -242,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         if rp.emulated:
             tqdm.write(f"{dtype} is emulated here ({rp.emulated}): batch {rp.batches[0]} only, "
                        f"one round, {rp.prompt_len} tokens of context")
-        config = EngineConfig(dtype=dtype, max_num_batched_tokens=max(rp.batches) * rp.prompt_len)
+        config = EngineConfig(dtype=dtype, quantization=args.quantization,
+                              max_num_batched_tokens=max(rp.batches) * rp.prompt_len)
         core = EngineCore(config)
         flops = measure_matmul(config.torch_dtype, budget_s / 2).value
         for batch in rp.batches:
@@ -265,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                           "matmul_GFLOP_s", "matmul_n", "vs_bandwidth_limit", "vs_matmul_limit",
                           "rounds", "seconds"])
     print("each ratio is the median over rounds of (tok/s / a limit measured just before it)")
-    print(f"peak RSS {peak_rss:.0f} MiB; weights read per token: "
-          f"{config.model_config.num_params / 1e6:.1f} M parameters")
+    print(f"peak RSS {peak_rss:.0f} MiB; weights read per batch-1 step (vs_bandwidth_limit's "
+          f"bytes): " + ", ".join(f"{r['dtype']} {r['weight_MB']:.0f} MB"
+                                  for r in results if r["batch"] == batches[0]))
     if ops:
         print_ops(ops)
     for row in results:

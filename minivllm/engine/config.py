@@ -13,7 +13,7 @@ import torch
 
 from minivllm.model.config import ModelConfig
 from minivllm.model.llama import LlamaModel, check_tensor_parallel_size
-from minivllm.model.loader import default_model_path, load_config
+from minivllm.model.loader import check_quantization, default_model_path, load_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
@@ -36,6 +36,9 @@ class SchedulerConfig:
 class EngineConfig:
     model: str | None = None  # a .gguf file or a HF directory; None: SmolLM2-135M-Instruct
     dtype: str = "float32"  # float32 is the CPU default; bfloat16 halves memory traffic
+    # vLLM's --quantization: None runs the checkpoint as it is stored (a GGUF's Q4_0/Q4_1/Q8_0
+    # layer matrices in their blocks, with float32 dtype); "none" dequantizes them to dtype
+    quantization: str | None = None
     block_size: int = 16  # tokens per KV cache block
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     num_kv_blocks: int | None = None  # overrides kv_cache_bytes (tests force preemption with it)
@@ -74,6 +77,7 @@ class EngineConfig:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        check_quantization(self.quantization)
         if self.model is None:
             self.model = default_model_path()
         self.model_config = load_config(self.model)

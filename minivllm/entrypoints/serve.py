@@ -66,6 +66,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
+                   help="default: as the checkpoint stores it (a GGUF's Q4_0/Q4_1/Q8_0 blocks, "
+                        "dequantized in the matmul); none: dequantize them to --dtype at load")
     p.add_argument("--api-key", default=os.environ.get("MINIVLLM_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -112,7 +115,8 @@ def engine_config(args: argparse.Namespace) -> Any:
     """EngineConfig from the flags; a flag left unset keeps the config's default."""
     from minivllm.engine.config import EngineConfig
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype}
+    kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype,
+                              "quantization": args.quantization}
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),
                         ("num_threads", args.num_threads),

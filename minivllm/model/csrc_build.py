@@ -1,4 +1,4 @@
-"""Build csrc/cpu_ops.c for this machine and load it with ctypes.
+"""Build csrc/cpu_ops.c and csrc/quant_ops.c for this machine and load it with ctypes.
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
@@ -27,7 +27,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_ops.c", "quant_ops.c")]
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
@@ -71,17 +71,17 @@ def build(compiler: str | None = None) -> Path:
     cc = compiler or os.environ.get("CC") or "gcc"
     if shutil.which(cc) is None:
         raise KernelBuildError(f"no C compiler {cc!r} on PATH (set CC, or install gcc)")
-    source, flags = SOURCE.read_bytes(), compile_flags()
-    key = hashlib.sha256(b"\0".join([source, " ".join(flags + LINK_FLAGS).encode(),
+    sources, flags = [src.read_bytes() for src in SOURCES], compile_flags()
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(flags + LINK_FLAGS).encode(),
                                      cc.encode(), _cpu_id().encode()])).hexdigest()[:16]
     target = cache_dir() / f"cpu_ops-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp, "k.o"), Path(tmp, "k.so")
-        for cmd in ([cc, *flags, "-c", str(SOURCE), "-o", str(obj)],
-                    [cc, *LINK_FLAGS, str(obj), "-o", str(lib), *LIBS]):
+        objs, lib = [str(Path(tmp, f"{src.stem}.o")) for src in SOURCES], Path(tmp, "k.so")
+        compiles = [[cc, *flags, "-c", str(src), "-o", obj] for src, obj in zip(SOURCES, objs)]
+        for cmd in [*compiles, [cc, *LINK_FLAGS, *objs, "-o", str(lib), *LIBS]]:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if done.returncode:
                 raise KernelBuildError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -96,6 +96,7 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "rope_and_cache": "pipppp" + "iii" + "pp" + "ii" + "p",
     "silu_and_mul": "ppii",
     "add_rms_norm": "pppp" + "ii" + "f",
+    "q_linear": "ppp" + "iiii",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 

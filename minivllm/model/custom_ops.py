@@ -183,3 +183,26 @@ def skinny_linear_c(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(x.shape[0], w.shape[0])
     rc = ops.skinny_linear(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[0], *w.shape)
     return out if rc == 0 else None
+
+
+def q_linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x (M, in) float32 @ W^T for W a quant_linear.QuantWeight (the GGUF's blocks) -> (M, out)."""
+    return _dispatch("q_linear", x.shape[0], q_linear_c, q_linear_torch, x, w)
+
+
+def q_linear_torch(x: torch.Tensor, w) -> torch.Tensor:
+    """The blocks dequantized on every call, then one matmul: the reference, and slow."""
+    return x @ w.float().t()
+
+
+def q_linear_c(x: torch.Tensor, w) -> torch.Tensor | None:
+    ops = _lib(x)
+    if ops is None or x.dim() != 2:
+        return None
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], w.shape[0])
+    rc = ops.q_linear(x.data_ptr(), w.data.data_ptr(), out.data_ptr(), x.shape[0], *w.shape,
+                      int(w.qtype))
+    if rc == -2:
+        raise MemoryError("q_linear: no memory for the unpacked tile")
+    return out if rc == 0 else None

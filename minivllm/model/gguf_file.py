@@ -83,9 +83,13 @@ class GGUFFile:
         """Dequantize one tensor to a float32 array of its numpy shape (a copy: the file's
         memory map closes with this object)."""
         info = self.tensors[name]
-        raw = np.frombuffer(self._buf, np.uint8, info.nbytes, info.offset)
-        array = dequantize(raw, info.qtype).reshape(info.shape)
+        array = dequantize(self.raw(name), info.qtype).reshape(info.shape)
         return array.copy() if info.qtype == GGMLQuantizationType.F32 else array  # F32 is a view
+
+    def raw(self, name: str) -> np.ndarray:
+        """One tensor's bytes as stored (a read-only view of the memory map: copy it to keep)."""
+        info = self.tensors[name]
+        return np.frombuffer(self._buf, np.uint8, info.nbytes, info.offset)
 
     # -- parsing ------------------------------------------------------------------------
     def _u32(self) -> int:

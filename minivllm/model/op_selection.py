@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from gguf import GGMLQuantizationType
 
 from minivllm.model import cpu_features, csrc_build, custom_ops, op_choice
 from minivllm.model.attention import AttentionMetadata, decode_torch
 from minivllm.model.linear import matmul, split_rows
 from minivllm.model.op_choice import OPS
 from minivllm.model.paired_timing import paired_ratio
+from minivllm.model.quant_linear import QuantWeight
 
 BUDGET_S = 0.05  # per op: rounds stop past this; quiet, every op takes a few ms
 # SmolLM2-135M's shapes (the default model); the choice is made once for the CPU, not per model
@@ -41,6 +43,9 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK, CONTEXT = 9, 3, 64, 16, 256  # CONTEXT: tokens
 LAYER_MATRICES = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM),
                   (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # qkv, o, gate_up, down: (out, in)
 STREAM_LAYERS = 8  # 8 layers of weights (55 MB) do not fit in a 32 MiB L3, as the model's 0.5 GB
+Q_LINEAR_LAYERS = 2  # its torch side dequantizes every call: slow, so fewer layers
+Q4_1 = GGMLQuantizationType.Q4_1
+Q4_1_SCALE_MIN = torch.tensor([1 / 64, -1 / 8], dtype=torch.float16)
 Pair = tuple[Callable[[], object], Callable[[], object]]  # (the C call, the torch call)
 
 
@@ -123,6 +128,19 @@ def _skinny_linear(rows: int) -> Pair:
             lambda: [matmul(xs[s.shape[2]], s) for s in splits])
 
 
+def _q_linear(rows: int) -> Pair:
+    """Q4_1 blocks (the bundled GGUF's) of two layers, each scale 1/64 and min -1/8 (fp16):
+    the torch side dequantizes on every call, as its fallback does."""
+    weights = []
+    for out_features, in_features in LAYER_MATRICES * Q_LINEAR_LAYERS:
+        blocks = torch.randint(0, 256, (out_features, in_features // 32, 20), dtype=torch.uint8)
+        blocks[..., :4] = Q4_1_SCALE_MIN.view(torch.uint8)
+        weights.append(QuantWeight(blocks.view(out_features, -1), Q4_1, in_features))
+    xs = {n: torch.randn(rows, n) for n in (HIDDEN, INTER)}
+    return (lambda: [custom_ops.q_linear_c(xs[w.in_features], w) for w in weights],
+            lambda: [custom_ops.q_linear_torch(xs[w.in_features], w) for w in weights])
+
+
 def _add_rms_norm(rows: int) -> Pair:
     x, delta = torch.randn(rows, HIDDEN), torch.zeros(rows, HIDDEN)
     return (lambda: custom_ops.rms_norm_c(x, None, 1e-5, delta),
@@ -168,7 +186,7 @@ def _argmax_rows(rows: int) -> Pair:
     return lambda: custom_ops.argmax_c(logits), lambda: custom_ops.argmax_torch(logits)
 
 
-_cases = {"skinny_linear": _skinny_linear, "add_rms_norm": _add_rms_norm,
+_cases = {"skinny_linear": _skinny_linear, "q_linear": _q_linear, "add_rms_norm": _add_rms_norm,
           "silu_and_mul": _silu_and_mul, "rope_and_cache": _rope_and_cache,
           "paged_decode": _paged_decode, "argmax_rows": _argmax_rows}
 

@@ -28,7 +28,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
 
     def load_model(self) -> None:
-        weights = load_weights(self.config.model, self.config.model_config)
+        weights = load_weights(self.config.model, self.config.model_config,
+                               self.config.quantization)
         self.model = LlamaModel(self.config.model_config, weights, self.config.torch_dtype)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
