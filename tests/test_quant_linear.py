@@ -4,7 +4,7 @@ of the float32 path on the dequantized weights.
 The kernel is checked against gguf-py's own dequantizer for Q4_0, Q4_1 and Q8_0, at batch 1
 and at batches past the few/many split, in both builds (-march=native and the AVX2-only
 x86-64-v3); the tensor-parallel slices of the blocks against the whole matrix; and the bundled
-Q4_1 model, run on its blocks (the default), against the same model with --quantization none:
+Q4_1 model, run on its blocks (--quantization gguf), against the same model with --quantization none:
 teacher-forced logits within LOGIT_RTOL and greedy tokens equal under the near-tie rule.
 """
 
@@ -133,14 +133,14 @@ def test_an_unknown_quantization_is_refused():
 
 @pytest.fixture(scope="module")
 def runs():
-    """The bundled model with its blocks (the default) and with float32 weights, in this
+    """The bundled model on its blocks (gguf) and with float32 weights (the default), in this
     process: greedy tokens for the chat prompts, and the models to score with."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     result = {}
     try:
-        for quantization in (None, "none"):
+        for quantization in ("gguf", None):
             with LLM(quantization=quantization) as llm:
                 prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
                     [{"role": "user", "content": q}])) for q in QUESTIONS]
@@ -153,15 +153,15 @@ def runs():
     return result
 
 
-def test_the_blocks_are_the_default_for_a_quantized_gguf(runs):
-    assert isinstance(runs[None][2].layers[0].down, QuantLinear)
-    assert isinstance(runs[None][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
-    assert isinstance(runs["none"][2].layers[0].down, Linear)
+def test_gguf_keeps_the_blocks_and_the_default_dequantizes(runs):
+    assert isinstance(runs["gguf"][2].layers[0].down, QuantLinear)
+    assert isinstance(runs["gguf"][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
+    assert isinstance(runs[None][2].layers[0].down, Linear)
 
 
 def test_the_blocks_give_the_float32_paths_logits_and_tokens(runs):
-    prompts, float_tokens, float_model = runs["none"]
-    _, block_tokens, block_model = runs[None]
+    prompts, float_tokens, float_model = runs[None]
+    _, block_tokens, block_model = runs["gguf"]
     for q, prompt, ref, ours in zip(QUESTIONS, prompts, float_tokens, block_tokens):
         sequence = [*prompt, *ref]  # both score the float path's tokens
         ref_logits, our_logits = float_model.score(sequence), block_model.score(sequence)
@@ -177,8 +177,9 @@ def test_three_ranks_on_the_blocks_give_the_in_process_outputs():
     in process: greedy tokens under the near-tie rule, logits teacher-forced on TP=1's tokens."""
     from test_tp import run
     prompts = [np.arange(5, 5 + n, dtype=np.int32) * 7 for n in (4, 19, 33)]
-    tokens1, scores1 = run(EngineConfig(), prompts)
-    tokens3, scores3 = run(EngineConfig(tensor_parallel_size=3), prompts, scored=tokens1)
+    tokens1, scores1 = run(EngineConfig(quantization="gguf"), prompts)
+    tokens3, scores3 = run(EngineConfig(quantization="gguf", tensor_parallel_size=3), prompts,
+                           scored=tokens1)
     for p, ref, ours, s1, s3 in zip(prompts, tokens1, tokens3, scores1, scores3):
         s1, s3 = torch.as_tensor(s1), torch.as_tensor(s3)
         worst = float(((s3 - s1).abs() / s1.abs().amax(dim=1, keepdim=True)).max())

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
-                        help="as `minivllm serve`: none runs a GGUF on float weights")
+                        help="as `minivllm serve`: gguf runs a GGUF on its blocks")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
     steps, rounds = (4, 1) if quick else (24, 3)

@@ -6,7 +6,7 @@ run in one call of the C op, which reads each sequence's blocks in place through
 table (custom_ops.paged_decode_c); where it cannot run (bfloat16, no compiler) they are gathered into a
 dense copy for two matmuls and a softmax. Each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
-reorder_batch_to_split_decodes_and_prefills, vllm/v1/attention/backends/utils.py:939.
+reorder_batch_to_split_decodes_and_prefills in vllm/v1/attention/backends/utils.py.
 The new tokens' keys and values are already in the cache (custom_ops.rope_and_cache).
 """
 

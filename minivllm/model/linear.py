@@ -4,8 +4,8 @@ parallelism splits it across ranks.
 A weight is kept as Hugging Face stores it, (out, in). `Linear` applies it three ways:
 
 - many rows (prefill, decode batches of 8 and more), and every bfloat16 call: oneDNN's blocked
-  layout, reordered once at load. At 32 rows it ran these shapes 2-3x faster than MKL's bmm
-  here: MKL repacks the weights on every call, oneDNN reads them packed.
+  layout, reordered once at load: MKL repacks the weights on every call, oneDNN reads them
+  packed (figures/reference_numbers.md has what that measured).
 - 1-7 rows in float32: the C op `skinny_linear` (custom_ops.py), which streams the row-major
   weights with prefetching, each thread a contiguous range of output rows.
 - where that op is not built: the matrix split by output rows into one slab per thread,
@@ -13,13 +13,12 @@ A weight is kept as Hugging Face stores it, (out, in). `Linear` applies it three
   slabs in parallel and streams the weights faster than x @ W^T in MKL.
 
 Tensor parallelism splits the same matrices across processes, as vLLM does
-(vllm/model_executor/layers/linear.py): ColumnParallelLinear (:436) keeps a slice of the output
-rows and needs no communication; MergedColumnParallelLinear (:686) and QKVParallelLinear
-(:1011) slice each fused part (gate and up; q, k and v) on its own; RowParallelLinear (:1653)
-keeps a slice of the input columns, so each rank holds a partial sum, and one all-reduce
+(vllm/model_executor/layers/linear.py): ColumnParallelLinear keeps a slice of the output rows
+and needs no communication; MergedColumnParallelLinear and QKVParallelLinear slice each fused
+part (gate and up; q, k and v) on its own; RowParallelLinear keeps a slice of the input columns, so each rank holds a partial sum, and one all-reduce
 completes it. In a Llama layer, qkv and gate_up are column-parallel, o and down row-parallel:
 two all-reduces a layer. The vocabulary is split by rows for the embedding and the LM head
-(vllm/model_executor/layers/vocab_parallel_embedding.py:206, :578).
+(VocabParallelEmbedding and ParallelLMHead in vllm/model_executor/layers/vocab_parallel_embedding.py).
 """
 
 from __future__ import annotations
@@ -78,8 +77,8 @@ class Linear:
         self.packed = onednn_pack(w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # bfloat16 always takes oneDNN: MKL's bf16 bmm streamed the weights at 13 GB/s here,
-        # oneDNN at 44 (with avx512_bf16)
+        # bfloat16 always takes oneDNN: MKL's bf16 bmm streamed the weights about 3x slower
+        # (with avx512_bf16; figures/reference_numbers.md)
         if self.packed is not None and (x.shape[0] >= SKINNY_BELOW or x.dtype != torch.float32):
             return onednn_linear(x, self.packed)
         y = None

@@ -6,11 +6,11 @@ they are built, else in torch.
 
 Weights are kept as Hugging Face stores them, (out, in), with q/k/v fused into one matrix and
 gate/up into another, so a layer is four matmuls. RMSNorm's weight is folded into the matmul
-that follows it (fold_norm). A GGUF's Q4_0/Q4_1/Q8_0 matrices stay in their blocks in float32
-runs (quant_linear.py: the norm weight then scales the activations; --quantization none
-dequantizes them at load instead). With tensor parallelism each rank holds whole heads: qkv and
-gate_up are column-parallel, o and down row-parallel, as in vLLM
-(vllm/model_executor/models/llama.py:95, :103, :165, :175), so a layer all-reduces twice.
+that follows it (fold_norm). With --quantization gguf a GGUF's Q4_0/Q4_1/Q8_0 matrices stay in
+their blocks in float32 runs (quant_linear.py: the norm weight then scales the activations);
+by default they are dequantized at load. With tensor parallelism each rank holds whole heads:
+qkv and gate_up are column-parallel, o and down row-parallel, as in vLLM (LlamaAttention and
+LlamaMLP in vllm/model_executor/models/llama.py), so a layer all-reduces twice.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Which model ops run in C on this CPU: each op timed against its torch version, the faster kept.
 
-A kernel tuned on one CPU can lose to torch on another (on an AVX2-only EPYC the AVX-512-shaped
-skinny_linear ran 1.5-2.8x slower than torch's matmul), so each op is measured before the model
-trusts it, and the model sets op_choice.py's table from the result once, at load (prepare). Each op is timed at a few rows (batch 1-7 decode) and at many (32) on SmolLM2's
-shapes, through each op's explicit C and torch entry points (custom_ops.py), interleaved so
-that a neighbour's burst hits both (paired_timing.py), and the faster kept. The choice is cached next to the built
+A kernel tuned on one CPU can lose to torch on another (figures/reference_numbers.md: an
+AVX-512-shaped kernel on an AVX2-only EPYC), so each op is measured before the model trusts it,
+and the model sets op_choice.py's table from the result once, at load (prepare). Each op is
+timed at a few rows (batch 1-7 decode) and at many (32) on SmolLM2's shapes, through each op's
+explicit C and torch entry points (custom_ops.py), interleaved so that a neighbour's burst hits
+both (paired_timing.py), and the faster kept. The choice is cached next to the built
 library, one file per thread count, so later processes read it instead of timing again (unless
 it was timed on an oversubscribed machine that has since become quieter).
 

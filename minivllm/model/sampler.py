@@ -4,8 +4,8 @@ Random rows draw by the exponential race (argmax of p / E with E ~ Exp(1) is a s
 as vLLM does, so one code path serves every row. A seeded request draws its noise from a
 generator seeded by (seed, number of tokens it has sampled so far): the result depends on
 neither the batch it ran in nor on a preemption, and the worker keeps no generator state.
-In vLLM: Sampler, vllm/v1/sample/sampler.py:78; random_sample (the exponential race),
-vllm/v1/sample/ops/topk_topp_sampler.py:606.
+In vLLM: Sampler in vllm/v1/sample/sampler.py; random_sample (the exponential race) in
+vllm/v1/sample/ops/topk_topp_sampler.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from minivllm.model import custom_ops
 
-GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM: vllm/sampling_params.py:32)
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM: _SAMPLING_EPS in vllm/sampling_params.py)
 SEED_STRIDE = 1_000_003  # mixes the step into the seed: (seed, step) -> one generator seed
 
 
