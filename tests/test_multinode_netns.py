@@ -113,16 +113,20 @@ def remote_worker(node: subprocess.Popen) -> psutil.Process:
     return worker
 
 
+def wait_until_generating(leader: subprocess.Popen) -> None:
+    """Read the driver's output (tests/multinode_driver.py) up to its "generating" line."""
+    for line in leader.stdout:
+        if line.strip() == "generating":
+            return
+    pytest.fail("the leader never started generating")
+
+
 def run_until_fault(c: NetnsCluster, model: str, fault) -> tuple[str, float]:
     """Start the three hosts, wait until the leader generates, inject fault(nodes), and return
     the leader's output and the seconds from the fault to EngineDeadError."""
     nodes = start_headless(c, model)
     leader = start_leader(c, "until_dead", model)
-    for line in leader.stdout:
-        if line.strip() == "generating":
-            break
-    else:
-        pytest.fail("the leader never started generating")
+    wait_until_generating(leader)
     fault(nodes)
     faulted = time.time()
     try:

@@ -24,6 +24,7 @@ import pytest
 from minivllm.engine.config import EngineConfig
 from minivllm.utils import netns_cluster
 from minivllm.utils.netns_cluster import NetnsCluster
+from test_multinode_netns import wait_until_generating
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, "tests", "multinode_driver.py")
@@ -155,11 +156,7 @@ def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
     tests/test_multinode_netns.py.)"""
     c = ray_cluster
     leader = start_leader(c, "until_dead", tiny_dir)
-    for line in leader.stdout:
-        if line.strip() == "generating":
-            break
-    else:
-        pytest.fail("the leader never started generating")
+    wait_until_generating(leader)
     print(f"generating: {rss_mib(c):.0f} MiB RSS on the three hosts")
     # host 0 holds one rank, rank 0 (the driver's node comes first); Ray titles its process
     # ray::RayWorker.run
