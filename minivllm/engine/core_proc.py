@@ -40,7 +40,7 @@ from minivllm.engine.messages import (
 from minivllm.engine.messages import (
     ADDRESSES_TIMEOUT_S, EngineZmqAddresses, HandshakeFailed, HandshakeHello, HandshakeReady)
 from minivllm.utils import tracing
-from minivllm.utils.mp import ChildLink
+from minivllm.utils.mp_child import ChildLink
 from minivllm.utils.zmq import close_all, dp_rank_identity, make_zmq_socket
 
 logger = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from minivllm.executor.messages import (ExecuteModel, RPCCall, RPCError, RPCRequ
                                         StepResult, StepTiming)
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils import tracing
-from minivllm.utils.mp import ChildLink
+from minivllm.utils.mp_child import ChildLink
 from minivllm.worker import multinode
 from minivllm.worker.worker import Worker
 
@@ -131,7 +131,7 @@ class WorkerProc:
 
     def shutdown(self, engine_core_died: bool) -> None:
         """Close the queues (an orphan gets SIGTERM a second after the death pipe's EOF,
-        utils/mp.PARENT_DEATH_GRACE_S: this must be quick)."""
+        utils/mp_child.PARENT_DEATH_GRACE_S: this must be quick)."""
         for watch in self.watches:  # before the queues' zmq contexts are terminated
             watch.stop()
         with self._lock:
