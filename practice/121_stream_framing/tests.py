@@ -63,7 +63,36 @@ def _read_frame(sock) -> bytes:
     return exact(struct.unpack("!I", exact(4))[0])
 
 
+BIG_FRAME = 4 << 20  # far over a socket's buffer: one send() cannot take it all
+
+
+def _whole_frame_through_a_timeout_socket(impl) -> None:
+    """A socket with a timeout is non-blocking underneath, so one send() takes only what fits
+    in the buffer and returns the count; the rest is the caller's to send."""
+    a, b = _pair()
+    a.settimeout(5)
+    payload = bytes(range(256)) * (BIG_FRAME // 256)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(_read_frame, b)
+            impl.send_frame(a, payload)
+            a.shutdown(socket.SHUT_WR)  # whatever send_frame did not send never comes now
+            try:
+                got = reading.result()
+            except Fail as exc:
+                raise Fail(f"send_frame returned before sending all of a {BIG_FRAME}-byte frame "
+                           f"on a socket with a timeout: one send() sends only what fits in the "
+                           f"socket's buffer and returns the count; use sendall()",
+                           got=exc.message) from None
+        if got != payload:
+            raise Fail(f"a frame of {BIG_FRAME} bytes came out wrong", got=f"{len(got)} bytes")
+    finally:
+        a.close()
+        b.close()
+
+
 @test(input="b'hello', b'', 65535 and 65536 bytes sent with send_frame, read back by the judge; "
+            "a 4 MiB frame through a socket with a timeout (one send() takes only part); "
             "b'' written by the judge, read with recv_frame")
 def round_trip(impl):
     a, b = _pair()
@@ -85,6 +114,7 @@ def round_trip(impl):
             if got != payload:
                 raise Fail(f"a frame of {size} bytes came out wrong: the header holds any length "
                            f"below 2**32", expected=f"{size} bytes", got=f"{len(got)} bytes")
+        _whole_frame_through_a_timeout_socket(impl)
         a.sendall(struct.pack("!I", 0))
         try:
             got = impl.recv_frame(b)
