@@ -15,6 +15,8 @@ import os
 import random
 import re
 import termios
+import threading
+import time
 
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
@@ -143,6 +145,47 @@ def sender_steps(impl):
             os.close(fd)
 
 
+SAMPLE_S = 0.005  # how often the judge looks at the waiting thread's state
+RUNNING_SHARE = 0.5  # a thread that waits in select is asleep ('S'); a spinner is running or runnable
+
+
+def _thread_state(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]  # after "(comm)": R, S, D, ...
+
+
+def _recv_asleep(r):
+    """recv() with nothing to come, on a thread whose state the judge samples: waiting in
+    select is sleeping, whatever the load; polling os.read in a loop is running (or runnable)."""
+    out, tid = {}, []
+
+    def run():
+        tid.append(threading.get_native_id())
+        try:
+            out["got"] = r.recv(timeout=QUIET_S * 2)
+        except BaseException as exc:  # raised again in the test's thread
+            out["exc"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    states = []
+    while t.is_alive():
+        if tid:
+            try:
+                states.append(_thread_state(tid[0]))
+            except OSError:
+                break  # the thread ended between the check and the read
+        time.sleep(SAMPLE_S)
+    t.join()
+    running = states.count("R")
+    if len(states) >= 5 and running > RUNNING_SHARE * len(states):
+        raise Fail("recv() with no doorbell pending kept running instead of sleeping: wait with "
+                   "select(bell_r, timeout), which sleeps until a byte comes, not a loop of "
+                   "non-blocking reads", got=f"running in {running} of {len(states)} samples")
+    if "exc" in out:
+        raise out["exc"]
+    return out["got"]
+
+
 @test(input="Receiver with 2 slots of 32 bytes; the test plays the sender and rings the doorbell",
       timeout=4, hang="recv() blocked in os.read although no doorbell had rung: wait with select and a timeout first")
 def receiver_steps(impl):
@@ -157,7 +200,7 @@ def receiver_steps(impl):
     msgs = [b"m0-hello", bytes(range(28)), b"m2-wrapped"]
     try:
         r = impl.Receiver(buf, slots, sb, bell_r, ack_w)
-        check_equal(r.recv(timeout=QUIET_S), None, "recv() before any doorbell (after its timeout)")
+        check_equal(_recv_asleep(r), None, "recv() before any doorbell (after its timeout)")
         put(buf.data, 0, sb, msgs[0])
         put(buf.data, 1, sb, msgs[1])
         os.write(bell_w, b"\x01\x01")  # two doorbells in one write: they come out of one os.read
