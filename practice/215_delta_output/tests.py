@@ -124,7 +124,19 @@ def wire_round_trip(impl):
 def new_then_delta(impl):
     enc, worker = impl.DeltaEncoder(), impl.WorkerState()
     p = [11, 12, 13, 14, 15]
-    out = _step(impl, enc, worker, [_req(impl, "r0", p, [], [0, 1], 0, 5)])
+    r0 = _req(impl, "r0", p, [], [0, 1], 0, 5)
+    out = enc.make_output([r0], [])
+    r0.block_ids.append(2)  # the scheduler's next step grows its lists in place, as vLLM's does
+    if out.scheduled_new_reqs and out.scheduled_new_reqs[0].block_ids != [0, 1]:
+        raise Fail("r0's NewRequestData changed after make_output returned: it holds the "
+                   "scheduler's own block_ids list, which the next step grows in place, and the "
+                   "output may be encoded later (an async executor sends it while the scheduler "
+                   "runs on). Copy the lists you put in an output", expected=[0, 1],
+                   got=out.scheduled_new_reqs[0].block_ids,
+                   input="make_output, then block 2 appended to r0.block_ids, then encode")
+    r0.block_ids.pop()
+    out = impl.decode(impl.encode(out))
+    worker.update(out)
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "step 1: scheduled_new_reqs (a request seen for the first time goes whole)")
     check_equal(_cached(out), {}, "step 1: scheduled_cached_reqs")
