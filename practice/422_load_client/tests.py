@@ -43,7 +43,9 @@ SCENARIOS = {
     **{f"long{k}": [(0, event("")), (FIRST_S + (0.5 if k == 0 else 0), event(f"{k}.0 "))]
        + [(LONG_GAP_S, event(f"{k}.{i} ")) for i in range(1, 6)] + [(0, END)] for k in range(4)},
     "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
+    "stall": [(0, event("x")), (0, None)],  # None: silent, the connection open, until the test ends
 }
+STALL_TIMEOUT_S = 1.0  # stream_request's timeout in the stalled-server check
 
 
 class Server:
@@ -55,6 +57,7 @@ class Server:
         self.open_now = self.most_open = 0
         self.lock = threading.Lock()
         self.gate, self.gate_missed = threading.Event(), False
+        self.released = threading.Event()  # ends the 'stall' scenario's silence
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -82,6 +85,9 @@ class Server:
                         if data is GATE:
                             judge.gate_missed |= not judge.gate.wait(GATE_S)
                             continue
+                        if data is None:
+                            judge.released.wait()
+                            continue
                         self.wfile.write(data)
                         self.wfile.flush()
                 except OSError:
@@ -100,6 +106,7 @@ class Server:
         return self
 
     def __exit__(self, *exc):
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join()
@@ -131,18 +138,23 @@ def _check_timing_identity(r, what):
 
 
 @test(input="SSEParser.feed of: a comment; 'data:x' (no space); 'data: {...}' with \\r\\n line "
-            "ends; two data lines in one event; data: [DONE]; fed whole and one byte at a time")
+            "ends; two data lines in one event; 'data:  two spaces, a tail  '; 'data: fïve 🤗'; "
+            "data: [DONE]; fed whole and one byte at a time")
 def sse_parser(impl):
     wire = (b": keep-alive\n\n" b"data:x\n\n" b'data: {"a": 1}\r\n\r\n'
-            b"data: first line\ndata: second line\n\n" b"data: [DONE]\n\n")
-    want = ["x", '{"a": 1}', "first line\nsecond line", "[DONE]"]
-    check_equal(impl.SSEParser().feed(wire), want, "SSEParser().feed(the whole stream)")
+            b"data: first line\ndata: second line\n\n" b"data:  two spaces, a tail  \n\n"
+            + "data: fïve 🤗\n\n".encode() + b"data: [DONE]\n\n")
+    want = ["x", '{"a": 1}', "first line\nsecond line", " two spaces, a tail  ", "fïve 🤗",
+            "[DONE]"]
+    check_equal(impl.SSEParser().feed(wire), want, "SSEParser().feed(the whole stream): one "
+                "space after 'data:' is dropped, and only that one; the rest is the data as sent")
     p = impl.SSEParser()
     got = []
     for i in range(len(wire)):
         got += p.feed(wire[i:i + 1])
     check_equal(got, want, "the events from feeding one byte at a time (keep the bytes of an "
-                           "unfinished event until its blank line arrives)")
+                           "unfinished event until its blank line arrives, and decode an event "
+                           "only whole: a character's bytes may come in different feeds)")
 
 
 @test(input="'steady': headers, an empty-text event at once, then A after 1 s; B only once "
@@ -185,11 +197,13 @@ def bursts_and_split_events(impl):
 
 
 @test(input="HTTP 500 ('no such scenario'); 'cut' (2 tokens, then the server closes without "
-            "[DONE]); a port nobody listens on", timeout=30)
+            "[DONE]); 'stall' (1 token, then silence) with timeout=1; a port nobody listens on",
+      timeout=30)
 def failures(impl):
     with Server() as s:
         bad = impl.stream_request("127.0.0.1", s.port, "no such scenario", 5)
         cut = impl.stream_request("127.0.0.1", s.port, "cut", 5)
+        _check_gives_up_on_a_silent_server(impl, s)
     if bad.ok or "500" not in bad.error:
         raise Fail("a 500 response: ok False and the status in error", got=(bad.ok, bad.error))
     if cut.ok or not cut.error:
@@ -204,6 +218,24 @@ def failures(impl):
     if refused.ok or not refused.error:
         raise Fail("a refused connection: ok False and the error, not an exception",
                    got=(refused.ok, refused.error))
+
+
+def _check_gives_up_on_a_silent_server(impl, server):
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("r", impl.stream_request(
+        "127.0.0.1", server.port, "stall", 5, timeout=STALL_TIMEOUT_S)), daemon=True)
+    t.start()
+    t.join(STALL_TIMEOUT_S + scaled(4.0))
+    if t.is_alive():
+        raise Fail(f"stream_request(..., timeout={STALL_TIMEOUT_S:g}) was still waiting "
+                   f"{STALL_TIMEOUT_S + scaled(4.0):g} s into a stream that went silent after "
+                   "one token: a silent server must end the request with ok=False after "
+                   "`timeout` seconds without bytes (give the connection that timeout)")
+    r = done["r"]
+    if r.ok or not r.error or r.n_tokens != 1:
+        raise Fail("a stream silent for longer than `timeout` after one token: ok False, an "
+                   "error, and the token that did arrive kept",
+                   expected=(False, "an error", 1), got=(r.ok, r.error, r.n_tokens))
 
 
 def _result(impl, ttft, itls, n, ok=True):
