@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -131,6 +132,33 @@ def close_removes_socket_file(impl):
             raise Fail(f"close() left {opened} file descriptors open: close the socket and "
                        "terminate the context (ctx.term())", expected=0, got=opened)
         pub.close()
+
+
+STUCK_MESSAGES, STUCK_BYTES = 3000, 65536  # far more than a stopped reader's socket buffer takes
+
+
+@test(input=f"a subscriber process subscribes, then is stopped (SIGSTOP); publish {STUCK_MESSAGES} "
+            f"messages of {STUCK_BYTES} bytes; close()", timeout=30)
+def close_with_a_stopped_subscriber(impl):
+    linger_s = getattr(impl, "PUBLISH_LINGER_MS", 1000) / 1000
+    with IpcDir() as d:
+        pub = impl.Publisher(d.path("pub"))
+        proc = _start(JUDGE_SUBSCRIBER, d.path("pub"), 0, 10**9, 3600)
+        try:
+            pub.wait_for_subscribers(1, JOIN_S)
+            os.kill(proc.pid, signal.SIGSTOP)  # alive and connected, reading nothing
+            for _ in range(STUCK_MESSAGES):
+                pub.publish(b"x" * STUCK_BYTES)
+            closing = threading.Thread(target=pub.close, daemon=True)
+            closing.start()
+            closing.join(linger_s + scaled(3.0))
+            if closing.is_alive():
+                raise Fail(f"close() had not returned {linger_s + scaled(3.0):g} s after it began, "
+                           "with messages still queued for a subscriber that stopped reading: "
+                           "ctx.term() waits for queued messages as long as the socket's linger "
+                           "says, forever by default. Set zmq.LINGER to PUBLISH_LINGER_MS")
+        finally:
+            kill_if_alive(proc)
 
 
 @test(input=f"3 subscriber processes connect {LATE_S} s after they start; "
