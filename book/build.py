@@ -38,7 +38,7 @@ def ensure_executed(paths: list[Path], may_execute: bool) -> None:
             raise BookError(f"{head} no executed notebook newer than the chapter: run "
                             f"`python -m pytest tests/test_chapters.py -k {chapter.stem}` "
                             "or build without --no-execute")
-        print(f"{head} executing in quick mode ...", end=" ", flush=True)
+        print(f"{head} executing in quick mode", flush=True)
         start = time.monotonic()
         try:
             save_executed(execute(chapter), chapter)
@@ -46,7 +46,7 @@ def ensure_executed(paths: list[Path], may_execute: bool) -> None:
             raise BookError(f"{chapter.name} failed to run; run its test for the details "
                             f"(`python -m pytest -q tests/test_chapters.py -k {chapter.stem}`):"
                             f"\n{exc}") from exc
-        print(f"{time.monotonic() - start:.0f} s", flush=True)
+        print(f"{head} executed in {time.monotonic() - start:.0f} s", flush=True)
 
 
 def lay_out(paths: list[Path]) -> None:
