@@ -4,7 +4,9 @@
 A screenshot of each page lands in _build/book_screenshots/ for a person to look at.
 
 The build reuses the chapters that tests/test_chapters.py executed earlier in the session
-(conftest.py runs this module last); a chapter without a fresh run is executed by the build."""
+(conftest.py runs this module last); a chapter without a fresh run is executed by the build.
+Where root can make a network namespace, the build runs in one with loopback only: a theme or
+extension that downloads anything fails there, and a warning fails the build."""
 
 import base64
 import re
@@ -63,11 +65,23 @@ return {
 """
 
 
+def offline() -> list[str]:
+    """A command prefix that runs in a new network namespace with only loopback up (root with
+    unshare and ip), proving the build fetches nothing; [] where that cannot be had."""
+    prefix = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "offline"]
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return []
+    probe = subprocess.run(prefix + ["true"], capture_output=True, timeout=PAGE_TIMEOUT_S)
+    return prefix if probe.returncode == 0 else []
+
+
 @pytest.fixture(scope="module")
 def site() -> Path:
-    done = subprocess.run([sys.executable, "book/build.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=BUILD_TIMEOUT_S)
-    assert done.returncode == 0, f"make book failed:\n{done.stdout}\n{done.stderr}"
+    prefix = offline()
+    done = subprocess.run(prefix + [sys.executable, "book/build.py"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    where = "with no network (a namespace with loopback only)" if prefix else "(network not cut)"
+    assert done.returncode == 0, f"make book failed {where}:\n{done.stdout}\n{done.stderr}"
     assert "python -m http.server -d _build/book" in done.stdout, done.stdout
     return SITE
 
