@@ -48,7 +48,12 @@ def link_reading_order(section: str, stems: set[str]) -> str:
                            if m[1] in folders else m[1], cells[-1])
         return " | ".join(cells)
 
-    return "\n".join(row(line) for line in section.splitlines()) + "\n"
+    linked = "\n".join(row(line) for line in section.splitlines()) + "\n"
+    missing = sorted(s for s in stems if f"](chapters/{s}.ipynb)" not in linked)
+    if missing:
+        raise BookError(f"README.md's reading order has no row for {missing}: add one "
+                        "(| NN | `NN_topic`: what it covers | modules | exercises |)")
+    return linked
 
 
 def toctree(caption: str, docs: list[str]) -> str:
