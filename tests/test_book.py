@@ -28,7 +28,7 @@ SITE = ROOT / "_build" / "book"
 PAGES_SOURCE = ROOT / "_build" / "book_src"
 SHOTS = ROOT / "_build" / "book_screenshots"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-BUILD_TIMEOUT_S = 1500  # ten chapters executed when no test ran them first; a reuse takes ~1 min
+BUILD_TIMEOUT_S = 1500  # room for ten chapters executed by the build when no test ran them first
 PAGE_TIMEOUT_S = 60  # one page's load, its images and the search's results
 SHOT_MAX_HEIGHT = 16000  # px: Chromium's limit for one screenshot
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -47,8 +47,7 @@ pytestmark = [
 PAGE_FACTS = """
 const cells = [...document.querySelectorAll('div.cell')].map(c => {
   const out = c.querySelector('.cell_output');
-  return {input: (c.querySelector('.cell_input') || c).innerText,
-          output: out ? out.innerText.trim().length : 0,
+  return {output: out ? out.innerText.trim().length : 0,
           images: out ? [...out.querySelectorAll('img')].filter(i => i.naturalWidth > 0).length : 0};
 });
 const box = e => e.getBoundingClientRect();
