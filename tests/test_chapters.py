@@ -1,9 +1,11 @@
 """Every chapter is a jupytext pair (NN_topic.ipynb + NN_topic.md) in sync, committed without
 outputs, and runs top to bottom in a fresh kernel in quick mode with every plot drawn and its
-outputs showing what its prose says (tests/chapter_claims.py)."""
+outputs showing what its prose says (tests/chapter_claims.py). A chapter that passes is saved
+with its outputs in _build/executed/ for `make book` (book/executed.py)."""
 
 import difflib
 import re
+import sys
 from pathlib import Path
 
 import jupytext
@@ -15,6 +17,8 @@ from chapter_claims import ABSENT, CLAIMS
 from figure_text import ILLEGIBLE
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "book"))
+from executed import save_executed  # noqa: E402  (book/ is no package: the book's tools)
 CHAPTER_DIR = ROOT / "chapters"
 CHAPTERS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.ipynb"))
 TEXTS = sorted(CHAPTER_DIR.glob("[0-9][0-9]_*.md"))
@@ -141,3 +145,5 @@ def test_chapter_runs(path, monkeypatch):
     unmet = unmet_claims(path.stem, printed)
     assert not unmet, ("the chapter's outputs do not show what its prose says (tests/chapter_claims.py):\n"
                        + "\n".join(unmet))
+    del nb.cells[0]  # the figure watch is the test's, not the chapter's
+    save_executed(nb, path)  # `make book` shows these outputs instead of running the chapter again
