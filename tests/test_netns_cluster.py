@@ -8,14 +8,14 @@ import sys
 import psutil
 import pytest
 
-from minivllm.utils import netns_cluster
+from minivllm.utils import netns_cluster, netns_wire
 from minivllm.utils.netns_cluster import NetnsCluster
 
 pytestmark = pytest.mark.skipif(netns_cluster.unavailable() is not None,
                                 reason=str(netns_cluster.unavailable()))
 PY = sys.executable
 DELAY_MS = 2.0  # per host's sends; a round trip crosses two delayed sends: +4 ms
-DELAY_METHODS = ["wire"] + ([] if netns_cluster.netem_missing() else ["tc netem"])
+DELAY_METHODS = ["wire"] + ([] if netns_wire.netem_missing() else ["tc netem"])
 
 
 def _root_links() -> str:
@@ -84,9 +84,13 @@ def test_a_delayed_link_adds_twice_the_delay_to_a_round_trip(delay_by):
     with NetnsCluster(2, delay_ms=DELAY_MS, delay_by=delay_by) as c:
         assert c.delay_by == delay_by
         result = c.ping(0, 1)
+        c.set_delay(0)  # while it runs: the round trip is back near the plain one
+        undone = min(c.ping(0, 1)["rtt_ms"])
         wire = c._wire.pid if c._wire else None
         hosts = c.hosts + [c.switch]
     delayed = min(result["rtt_ms"])
+    print(f"{delay_by}: after set_delay(0), ping RTT min {undone:.2f} ms")
+    assert undone < 2 * DELAY_MS
     print(f"{delay_by}: ping RTT min {plain:.2f} ms -> {delayed:.2f} ms with {DELAY_MS} ms "
           f"on each host's sends (+{delayed - plain:.2f} ms; lost {result['lost']} of 20)")
     assert 2 * DELAY_MS <= delayed < plain + 4 * DELAY_MS, result

@@ -26,8 +26,9 @@ A delayed link: NetnsCluster(k, delay_ms=D) delays everything each host sends by
 round trip between two hosts gains 2 x D. With `tc qdisc ... netem` on each host's eth0 where
 the kernel has sch_netem; otherwise each host's eth0 and its bridge port are TAP devices
 joined by one userspace wire process (utils/netns_wire.py) that holds the frames a host
-sends for D. `delay_by` says which one ran; the wire lives in the switch's namespace, ends
-with its owner (its stdin reads EOF) and is swept with the switch.
+sends for D. `delay_by` says which one ran; set_delay() changes D while processes run. The
+wire lives in the switch's namespace, ends with its owner (its stdin reads EOF) and is swept
+with the switch.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import sys
 import time
 
 from minivllm.utils import netns_wire
+from minivllm.utils.netns_wire import delay_method, tc
 
 PREFIX = "mvn"  # every namespace name starts mvn-<owner pid>-
 SUBNET = "10.77.0"  # /24, private (RFC 1918); host i is SUBNET.(i+1)
@@ -65,29 +67,11 @@ def unavailable() -> str | None:
     return None
 
 
-def netem_missing() -> str | None:
-    """Why `tc qdisc ... netem` cannot delay a link here (None: it can, and a delayed
-    NetnsCluster uses it); tried on the lo of a throwaway network namespace."""
-    if unavailable() or shutil.which("tc") is None:
-        return unavailable() or "the 'tc' command is missing (package iproute2)"
-    r = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem",
-                        "delay", "1ms"], capture_output=True, text=True)
-    if r.returncode:
-        return f"this kernel has no netem qdisc (sch_netem): {r.stderr.strip()}"
-    return None
-
-
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and r.returncode:
         raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
     return r
-
-
-def _tc(netns: str, *args: str) -> None:
-    r = subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"tc {' '.join(args)} failed: {r.stderr.strip()}")
 
 
 def _pids_in_netns(ns_path: str) -> list[int]:
@@ -169,7 +153,8 @@ class NetnsCluster:
 
     def __init__(self, k: int, delay_ms: float = 0.0, delay_by: str | None = None) -> None:
         """k hosts; delay_ms > 0 delays what each host sends, by `delay_by`: "tc netem",
-        "wire", or None for netem where the kernel has it and the wire where it does not."""
+        "wire", or None for delay_method(). A delay_by given, even with delay_ms 0, makes the
+        links ready for set_delay()."""
         why = unavailable()
         if why:
             raise RuntimeError(f"NetnsCluster: {why}")
@@ -204,8 +189,8 @@ class NetnsCluster:
         for host in self.hosts:
             _ip("netns", "add", host)
         if self.delay_ms and self.delay_by is None:
-            self.delay_by = "wire" if netem_missing() else "tc netem"
-        if self.delay_by == "wire" and self.delay_ms:
+            self.delay_by = delay_method()
+        if self.delay_by == "wire":
             self._wire = self._start_wire()
         for i, (host, addr) in enumerate(zip(self.hosts, self.addresses)):
             if not self._wire:
@@ -215,8 +200,8 @@ class NetnsCluster:
             _ip("-n", host, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", host, "link", "set", "eth0", "up")
             _ip("-n", host, "link", "set", "lo", "up")
-            if self.delay_by == "tc netem" and self.delay_ms:
-                _tc(host, "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
+            if self.delay_by == "tc netem":
+                tc(host, "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
                     f"{self.delay_ms}ms")
             os.makedirs(self.tmpdirs[i], mode=0o700)
             self._inits.append(self._start_init(host, self.tmpdirs[i]))
@@ -291,6 +276,21 @@ class NetnsCluster:
     def link_down(self, i: int) -> None:
         """Cut host i off the network (its veth end in the switch goes down)."""
         _ip("-n", self.switch, "link", "set", f"h{i}", "down")
+
+    def set_delay(self, ms: float) -> None:
+        """From now on, delay what every host sends by ms (a cluster made with delay_by)."""
+        if self.delay_by == "tc netem":
+            for host in self.hosts:
+                tc(host, "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms}ms")
+        elif self.delay_by == "wire":
+            self._wire.stdin.write(f"{ms}\n")
+            self._wire.stdin.flush()
+            if self._wire.stdout.readline().split() != ["delay", f"{float(ms):g}"]:
+                raise RuntimeError("the delay wire did not take the new delay (see above)")
+        else:
+            raise ValueError("this cluster's links are veths without netem: make it with "
+                             "delay_by=netns_cluster.delay_method() to change its delay")
+        self.delay_ms = ms
 
     def ping(self, i: int, j: int, count: int = 20) -> dict:
         """ICMP echo from host i to host j: {"rtt_ms": [...], "lost": n}."""

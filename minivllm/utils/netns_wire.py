@@ -5,20 +5,22 @@
         frames eth0 -> h<i>: held delay_ms in a heap of (due, seq, frame), then written
         frames h<i> -> eth0: written at once
 
-`tc qdisc ... netem delay D` on a host's eth0 delays what the host sends; the wire does the
-same to the frames it carries out of the host, so a round trip between two delayed hosts
-gains 2 x D either way (utils/netns_cluster.py picks netem where the kernel has it). Every
-TCP connection, ARP and ping crosses it unchanged: it is a link, not a proxy.
+`tc qdisc ... netem delay D` on a host's eth0 delays what the host sends (netem_missing()
+says whether this kernel has it); the wire does the same to the frames it carries out of the
+host, so a round trip between two delayed hosts gains 2 x D either way (utils/netns_cluster.py
+uses netem where the kernel has it: delay_method()). Every TCP connection, ARP and ping
+crosses it unchanged: it is a link, not a proxy.
 
-Timing: a frame is never written before its due time (the lower bound a test may rely on);
-the wire runs at a real-time priority where it may (run_in_time), and select() sleeps with microsecond resolution (poll and epoll round up to milliseconds), so
-under no load a frame leaves a few tens of microseconds late. Frames keep their order
-(equal delays, and seq breaks ties).
+Timing: a frame is never written before its due time (the lower bound a test may rely on).
+The wire runs at a real-time priority where it may (run_in_time), and select() sleeps with
+microsecond resolution (poll and epoll round up to milliseconds), so a frame leaves a few tens
+of microseconds late. Frames keep their order (equal delays, and seq breaks ties).
 
 One process carries every link of a cluster. It runs in the switch's network namespace and
 opens each host's TAP there with setns (a TAP is made in the namespace of the thread that
-opens it). It exits when its stdin (a pipe from the cluster's owner) reads EOF, so it ends
-with its owner, also after a SIGKILL; the TAPs die with its file descriptors.
+opens it). Its stdin is a pipe from the cluster's owner: a line there sets a new delay (in
+ms, for frames read from then on), and EOF ends the wire, so it ends with its owner, also
+after a SIGKILL; the TAPs die with its file descriptors.
 
     python -m minivllm.utils.netns_wire DELAY_MS HOST_NETNS_PATH...   # prints "ready"
 """
@@ -31,7 +33,9 @@ import fcntl
 import heapq
 import os
 import select
+import shutil
 import struct
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -44,6 +48,30 @@ WIRE_PRIORITY = 1  # the lowest SCHED_FIFO priority: above every ordinary proces
 # frame leaves when due instead of when the loaded scheduler next runs the wire
 FRAME_MAX = 65536  # a TAP without offloads hands over one frame of at most the MTU
 HOST_SIDE, SWITCH_SIDE = "eth0", "h{i}"  # names as netns_cluster's veth pairs have them
+
+
+def netem_missing() -> str | None:
+    """Why `tc qdisc ... netem` cannot delay a link here (None: it can, and a delayed
+    NetnsCluster uses it); tried on the lo of a throwaway network namespace."""
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        return "tc netem needs root and the 'tc' command (package iproute2)"
+    r = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                        "delay", "1ms"], capture_output=True, text=True)
+    if r.returncode:
+        return f"this kernel has no netem qdisc (sch_netem): {r.stderr.strip()}"
+    return None
+
+
+def delay_method() -> str:
+    """How this machine delays a link: "tc netem" where the kernel has it, else "wire"."""
+    return "wire" if netem_missing() else "tc netem"
+
+
+def tc(netns: str, *args: str) -> None:
+    """`tc -n netns args...`; RuntimeError with tc's message if it fails."""
+    r = subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"tc {' '.join(args)} failed: {r.stderr.strip()}")
 
 
 def unavailable() -> str | None:
@@ -96,22 +124,28 @@ def drain(fd: int) -> list[bytes]:
             return frames
 
 
-def carry(delay_s: float, links: list[tuple[int, int]], stop_fd: int) -> None:
-    """Forward frames between each (host_fd, switch_fd) pair until stop_fd reads EOF."""
-    out = {}  # fd a frame was read from -> (fd it goes to, its delay)
+def carry(delay_s: float, links: list[tuple[int, int]], control: int) -> None:
+    """Forward frames between each (host_fd, switch_fd) pair until `control` reads EOF; a
+    line on it sets a new delay in ms (acknowledged on stdout: "delay <ms>")."""
+    out = {}  # fd a frame was read from -> [fd it goes to, its delay]
     for host_fd, switch_fd in links:
-        out[host_fd] = (switch_fd, delay_s)
-        out[switch_fd] = (host_fd, 0.0)
+        out[host_fd] = [switch_fd, delay_s]
+        out[switch_fd] = [host_fd, 0.0]
     held: list[tuple[float, int, int, bytes]] = []  # (due, seq, to_fd, frame)
-    seq = 0
+    seq, commands = 0, b""
     while True:
         timeout = max(0.0, held[0][0] - time.monotonic()) if held else None
-        ready, _, _ = select.select([stop_fd, *out], [], [], timeout)
-        if stop_fd in ready and not os.read(stop_fd, 1):
-            return
+        ready, _, _ = select.select([control, *out], [], [], timeout)
         now = time.monotonic()
         for fd in ready:
-            if fd == stop_fd:
+            if fd == control:
+                if not (data := os.read(control, 4096)):
+                    return
+                *lines, commands = (commands + data).split(b"\n")
+                for line in lines:
+                    for host_fd, _ in links:
+                        out[host_fd][1] = float(line) / 1000
+                    print(f"delay {float(line):g}", flush=True)
                 continue
             to_fd, delay = out[fd]
             for frame in drain(fd):
