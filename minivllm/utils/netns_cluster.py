@@ -52,7 +52,6 @@ BASE_DIR = "/run/minivllm-netns"  # per-host TMPDIR mount points (tmpfs inside e
 SHM_SIZE = "256m"  # a host's /dev/shm: the rings and the KV cache of one test's workers
 KILL_GRACE_S = 3.0  # SIGTERM, then this long, then SIGKILL for processes left on a host
 EXIT_TIMEOUT_S = 10.0  # an init sh (or the wire) exits as soon as its stdin closes
-WIRE_START_TIMEOUT_S = 30.0  # the wire prints "ready" once its TAPs exist
 _counter = itertools.count()
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-")
 
@@ -202,7 +201,7 @@ class NetnsCluster:
             _ip("-n", host, "link", "set", "lo", "up")
             if self.delay_by == "tc netem":
                 tc(host, "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
-                    f"{self.delay_ms}ms")
+                   f"{self.delay_ms:g}ms")
             os.makedirs(self.tmpdirs[i], mode=0o700)
             self._inits.append(self._start_init(host, self.tmpdirs[i]))
 
@@ -274,14 +273,15 @@ class NetnsCluster:
 
     # --- the network ---------------------------------------------------------------------
     def link_down(self, i: int) -> None:
-        """Cut host i off the network (its veth end in the switch goes down)."""
+        """Cut host i off the network (its port on the switch, veth or TAP, goes down; the
+        wire drops what a down TAP refuses)."""
         _ip("-n", self.switch, "link", "set", f"h{i}", "down")
 
     def set_delay(self, ms: float) -> None:
         """From now on, delay what every host sends by ms (a cluster made with delay_by)."""
         if self.delay_by == "tc netem":
             for host in self.hosts:
-                tc(host, "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms}ms")
+                tc(host, "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms:g}ms")
         elif self.delay_by == "wire":
             self._wire.stdin.write(f"{ms}\n")
             self._wire.stdin.flush()
