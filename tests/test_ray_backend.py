@@ -50,8 +50,7 @@ STOP_WITHIN_S = 30.0  # a hang check: ray.kill ends an actor's process asynchron
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S,
-                          env={**os.environ, **(env or {})})
+                          timeout=CLI_TIMEOUT_S, env={**os.environ, **(env or {})})
 
 
 def test_no_cluster_fails_at_once_saying_how_to_start_one(monkeypatch):
