@@ -1,7 +1,10 @@
 """Multi-node tensor parallelism across hosts that share nothing but a network: three network
 namespace hosts (utils/netns_cluster.py), each with its own /dev/shm, TMPDIR and IPC. The
 leader (host 0) runs LLM(...) in tests/multinode_driver.py; hosts 1 and 2 run
-`minivllm serve --headless`. Every byte between the ranks crosses veths and a bridge as TCP.
+`minivllm serve --headless`. Every byte between the ranks crosses the hosts' links and a
+bridge as TCP. The TP test's links can be delayed while it runs (NetnsCluster.set_delay): tc
+netem where the kernel has it, else the userspace wire of utils/netns_wire.py (TAP devices),
+so the delayed run happens on every kernel; the test prints which one ran.
 
 Remote death (sentinels and pidfds do not cross hosts): the leader hears it on the reply
 connection of the dead rank (distributed/peer_watch.py). A killed process's kernel closes its
