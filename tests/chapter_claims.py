@@ -139,6 +139,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"local  reader: p50 .*\nremote reader: p50 ", "a local and a remote reader are measured"),
         (r"on this machine the remote reader's p50 was [0-9.]+x the local reader's",
          "remote vs local is stated from this run"),
+        (r"(ping RTT min [0-9.]+ ms -> [0-9.]+ ms with every host's sends delayed 1 ms by "
+         r"(the wire|tc netem)|no delayed link: loopback nodes)",
+         "a delayed link is pinged and says whether netem or the wire made the delay"),
         (r"on this machine the all-reduce across hosts took [0-9.]+x the one-host time",
          "the all-reduce across hosts is stated from this run"),
         (r"cross_host_tp3_vs_one_host_tp3_b\d+ = [0-9.]+", "TP=3 across hosts runs the whole engine"),

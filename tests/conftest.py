@@ -44,6 +44,20 @@ def tiny_dir(tmp_path_factory) -> str:
     return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny")))
 
 
+@pytest.fixture(scope="session")
+def one_host_tp3_tokens() -> list[int]:
+    """Greedy tokens of tests/multinode_driver.py's QUESTION from TP=3 on one host (mp
+    backend: shm ring, loopback gloo): what every cross-host run (mp or Ray) must give.
+    Made once per run, on first use."""
+    from multinode_driver import QUESTION
+
+    from minivllm.entrypoints.llm import LLM
+    from minivllm.sampling_params import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    with LLM(tensor_parallel_size=3, num_threads=1) as llm:
+        return list(llm.chat(QUESTION, params, use_tqdm=False)[0].outputs[0].token_ids)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(monkeypatch):
     prefix = f"minivllm-t{os.getpid()}x{next(_test_ids)}"

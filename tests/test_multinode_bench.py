@@ -10,14 +10,20 @@ from minivllm.utils import netns_cluster
 
 @pytest.mark.skipif(netns_cluster.unavailable() is not None,
                     reason=str(netns_cluster.unavailable()))
-def test_bench_nodes_ring_part_reports_a_local_and_a_remote_reader(tmp_path):
-    out = tmp_path / "nodes.json"
-    assert nodes.main(["--quick", "--part", "ring", "--json", str(out)]) == 0
+def test_bench_nodes_ring_part_reports_both_readers_with_and_without_delay(tmp_path):
+    """A delayed host's messages cannot arrive before the delay (netem and the wire never
+    deliver early): the remote reader's p50 is at least DELAY_MS; the plot is drawn."""
+    out, png = tmp_path / "nodes.json", tmp_path / "nodes.png"
+    assert nodes.main(["--quick", "--part", "ring", "--json", str(out), "--plot", str(png)]) == 0
     record = json.loads(out.read_text())
-    readers = {r["reader"] for r in record["results"] if r["netem_ms"] == 0}
-    assert readers == {"local", "remote"}
-    assert all(r["n"] > 0 and r["p50_us"] > 0 for r in record["results"])
+    rows = {(r["reader"], r["delay_ms"]): r for r in record["results"]}
+    assert set(rows) == {(reader, d) for reader in ("local", "remote") for d in (0, nodes.DELAY_MS)}
+    assert all(r["n"] > 0 and r["p50_us"] > 0 for r in rows.values())
+    assert rows[("remote", nodes.DELAY_MS)]["delay_by"] in ("tc netem", "wire")
+    assert rows[("remote", nodes.DELAY_MS)]["p50_us"] >= nodes.DELAY_MS * 1000
     assert record["ratios"]["remote_reader_vs_local_reader_p50"] > 0
+    assert record["ratios"][f"remote_reader_vs_local_reader_p50_delay_{nodes.DELAY_MS:g}ms"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_nodes_says_why_it_cannot_run(monkeypatch, capsys):

@@ -1,7 +1,10 @@
 """Multi-node tensor parallelism across hosts that share nothing but a network: three network
 namespace hosts (utils/netns_cluster.py), each with its own /dev/shm, TMPDIR and IPC. The
 leader (host 0) runs LLM(...) in tests/multinode_driver.py; hosts 1 and 2 run
-`minivllm serve --headless`. Every byte between the ranks crosses veths and a bridge as TCP.
+`minivllm serve --headless`. Every byte between the ranks crosses the hosts' links and a
+bridge as TCP. The TP test's links can be delayed while it runs (NetnsCluster.set_delay): tc
+netem where the kernel has it, else the userspace wire of utils/netns_wire.py (TAP devices),
+so the delayed run happens on every kernel; the test prints which one ran.
 
 Remote death (sentinels and pidfds do not cross hosts): the leader hears it on the reply
 connection of the dead rank (distributed/peer_watch.py). A killed process's kernel closes its
@@ -26,8 +29,6 @@ import time
 import psutil
 import pytest
 
-from minivllm.entrypoints.llm import LLM
-from minivllm.sampling_params import SamplingParams
 from minivllm.utils import netns_cluster
 from minivllm.utils.netns_cluster import NetnsCluster
 
@@ -37,6 +38,7 @@ DRIVER = os.path.join(os.path.dirname(__file__), "multinode_driver.py")
 PORT = 29501  # each cluster has its own network: no other program holds it there
 DEAD_WITHIN_S = 60.0  # a hang check; the measured delay is printed (a few ms / ~4 s)
 RUN_TIMEOUT_S = 240.0
+DELAY_MS = 1.0  # every host's sends, for the second answer
 
 
 @pytest.fixture
@@ -62,9 +64,9 @@ def start_headless(c: NetnsCluster, model: str | None) -> list[subprocess.Popen]
                     stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
 
 
-def start_leader(c: NetnsCluster, mode: str, model: str | None) -> subprocess.Popen:
+def start_leader(c: NetnsCluster, mode: str, model: str | None, **kwargs) -> subprocess.Popen:
     return c.popen(0, [sys.executable, DRIVER, mode, json.dumps(engine_args(c, model))],
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
 def last_json(out: str) -> dict:
@@ -80,31 +82,34 @@ def finish(c: NetnsCluster, procs: list[subprocess.Popen]) -> list[str]:
     return outs
 
 
-@pytest.fixture(scope="module")
-def one_host_tokens() -> list[int]:
-    """The reference: TP=3 on one host (shm ring, loopback gloo), the same cores."""
-    from multinode_driver import QUESTION
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    with LLM(tensor_parallel_size=3, num_threads=1) as llm:
-        return list(llm.chat(QUESTION, params, use_tqdm=False)[0].outputs[0].token_ids)
-
-
-@pytest.mark.parametrize("delay_ms", [0, 1])
-def test_tp3_across_three_hosts_answers_paris_with_one_hosts_tokens(cluster, request, delay_ms):
-    if delay_ms:
-        why = netns_cluster.netem_unavailable()
-        if why:
-            pytest.skip(why)
-        for i in range(3):  # every host's sends: each hop between ranks is delayed
-            cluster.delay(i, delay_ms)
-    one_host_tokens = request.getfixturevalue("one_host_tokens")  # after a skip: not wasted
-    nodes = start_headless(cluster, None)
-    leader = start_leader(cluster, "generate", None)
-    out, *node_outs = finish(cluster, [leader] + nodes)
-    result = last_json(out)
-    assert "Paris" in result["text"], out[-2000:]
-    assert result["tokens"] == one_host_tokens
+def test_tp3_across_three_hosts_answers_with_one_hosts_tokens_also_with_the_link_delayed(
+        one_host_tp3_tokens):
+    """One engine over three hosts answers twice: then every host's sends wait DELAY_MS (tc
+    netem, or the userspace wire where the kernel has no netem: utils/netns_cluster.py), each
+    hop between ranks is delayed, and the tokens stay the same."""
+    with NetnsCluster(3, delay_by=netns_cluster.delay_method()) as c:
+        nodes = start_headless(c, None)
+        leader = start_leader(c, "generate_per_line", None, stdin=subprocess.PIPE)
+        first = next_json_line(leader)
+        c.set_delay(DELAY_MS)
+        print(f"second answer with every host's sends delayed {DELAY_MS} ms by {c.delay_by}")
+        leader.stdin.write("again\n")
+        out, *node_outs = finish(c, [leader] + nodes)
+    for result in (json.loads(first), last_json(out)):
+        assert "Paris" in result["text"], first + out[-2000:]
+        assert result["tokens"] == one_host_tp3_tokens
+    assert len([line for line in out.splitlines() if line.startswith("{")]) == 1, out[-2000:]
     assert [n.returncode for n in nodes] == [0, 0], node_outs
+
+
+def next_json_line(proc: subprocess.Popen) -> str:
+    """The next line of proc's output that starts with "{" (its logs come first)."""
+    seen = []
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return line
+        seen.append(line)
+    pytest.fail("no JSON line before the end of the output:\n" + "".join(seen)[-3000:])
 
 
 def remote_worker(node: subprocess.Popen) -> psutil.Process:

@@ -21,24 +21,37 @@ namespaces (the veths and the bridge go with them; the tmpfs mounts die with the
 namespaces). After a SIGKILL of the owner, the init processes exit (their stdin pipe reads
 EOF), and the next cluster made on the machine sweeps the namespaces whose owner pid is dead.
 Root is needed (`ip netns add`); `unavailable()` says why when it is not there.
+
+A delayed link: NetnsCluster(k, delay_ms=D) delays everything each host sends by D, so a
+round trip between two hosts gains 2 x D. With `tc qdisc ... netem` on each host's eth0 where
+the kernel has sch_netem; otherwise each host's eth0 and its bridge port are TAP devices
+joined by one userspace wire process (utils/netns_wire.py) that holds the frames a host
+sends for D. `delay_by` says which one ran; set_delay() changes D while processes run. The
+wire lives in the switch's namespace, ends with its owner (its stdin reads EOF) and is swept
+with the switch.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+
+from minivllm.utils import netns_wire
+from minivllm.utils.netns_wire import delay_method, tc
 
 PREFIX = "mvn"  # every namespace name starts mvn-<owner pid>-
 SUBNET = "10.77.0"  # /24, private (RFC 1918); host i is SUBNET.(i+1)
 BASE_DIR = "/run/minivllm-netns"  # per-host TMPDIR mount points (tmpfs inside each host)
 SHM_SIZE = "256m"  # a host's /dev/shm: the rings and the KV cache of one test's workers
 KILL_GRACE_S = 3.0  # SIGTERM, then this long, then SIGKILL for processes left on a host
-EXIT_TIMEOUT_S = 10.0  # an init sh exits as soon as its stdin closes
+EXIT_TIMEOUT_S = 10.0  # an init sh (or the wire) exits as soon as its stdin closes
 _counter = itertools.count()
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-")
 
@@ -50,17 +63,6 @@ def unavailable() -> str | None:
     for tool in ("ip", "nsenter", "unshare", "mount"):
         if shutil.which(tool) is None:
             return f"the {tool!r} command is missing (package iproute2 / util-linux)"
-    return None
-
-
-def netem_unavailable() -> str | None:
-    """Why `tc qdisc ... netem` cannot delay a link here (None: it can)."""
-    if unavailable() or shutil.which("tc") is None:
-        return unavailable() or "the 'tc' command is missing (package iproute2)"
-    with NetnsCluster(1) as c:
-        r = c.sh(0, "tc qdisc add dev eth0 root netem delay 1ms")
-    if r.returncode:
-        return f"this kernel has no netem qdisc (sch_netem): {r.stderr.strip()}"
     return None
 
 
@@ -112,6 +114,18 @@ def _state(pid: int) -> str:
         return "X"
 
 
+def _end(proc: subprocess.Popen) -> None:
+    """End a process that exits when its stdin closes (an init, the wire)."""
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    proc.stdout.close()
+
+
 def _delete_netns(name: str) -> None:
     _kill_all(_pids_in_netns(f"/run/netns/{name}"))
     _ip("netns", "del", name, check=False)
@@ -136,12 +150,18 @@ def sweep_stale() -> list[str]:
 class NetnsCluster:
     """K hosts; use as a context manager (or call close()): everything made is removed."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, delay_ms: float = 0.0, delay_by: str | None = None) -> None:
+        """k hosts; delay_ms > 0 delays what each host sends, by `delay_by`: "tc netem",
+        "wire", or None for delay_method(). A delay_by given, even with delay_ms 0, makes the
+        links ready for set_delay()."""
         why = unavailable()
         if why:
             raise RuntimeError(f"NetnsCluster: {why}")
         if k < 1:
             raise ValueError(f"a cluster needs at least one host, got {k}")
+        if delay_ms < 0 or delay_by not in (None, "tc netem", "wire"):
+            raise ValueError(f"delay_ms >= 0 and delay_by in (None, 'tc netem', 'wire'), "
+                             f"got {delay_ms}, {delay_by!r}")
         sweep_stale()
         self.name = f"{PREFIX}-{os.getpid()}-{next(_counter)}"
         self.switch = f"{self.name}-sw"
@@ -149,8 +169,11 @@ class NetnsCluster:
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(k)]
         self.base = os.path.join(BASE_DIR, self.name)
         self.tmpdirs = [os.path.join(self.base, f"h{i}") for i in range(k)]
+        self.delay_ms = delay_ms
+        self.delay_by = delay_by
         self._inits: list[subprocess.Popen] = []
         self._started: list[subprocess.Popen] = []
+        self._wire: subprocess.Popen | None = None
         try:
             self._build()
         except BaseException:
@@ -162,16 +185,40 @@ class NetnsCluster:
         _ip("netns", "add", sw)
         _ip("-n", sw, "link", "add", "br0", "type", "bridge")
         _ip("-n", sw, "link", "set", "br0", "up")
-        for i, (host, addr) in enumerate(zip(self.hosts, self.addresses)):
+        for host in self.hosts:
             _ip("netns", "add", host)
-            _ip("-n", sw, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0",
-                "netns", host)
+        if self.delay_ms and self.delay_by is None:
+            self.delay_by = delay_method()
+        if self.delay_by == "wire":
+            self._wire = self._start_wire()
+        for i, (host, addr) in enumerate(zip(self.hosts, self.addresses)):
+            if not self._wire:
+                _ip("-n", sw, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0",
+                    "netns", host)
             _ip("-n", sw, "link", "set", f"h{i}", "master", "br0", "up")
             _ip("-n", host, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", host, "link", "set", "eth0", "up")
             _ip("-n", host, "link", "set", "lo", "up")
+            if self.delay_by == "tc netem":
+                tc(host, "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
+                   f"{self.delay_ms:g}ms")
             os.makedirs(self.tmpdirs[i], mode=0o700)
             self._inits.append(self._start_init(host, self.tmpdirs[i]))
+
+    def _start_wire(self) -> subprocess.Popen:
+        """The wire process in the switch's netns, with a TAP pair per host."""
+        why = netns_wire.unavailable()
+        if why:
+            raise RuntimeError(f"NetnsCluster: no netem and no wire for delay_ms: {why}")
+        wire = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{self.switch}", sys.executable, "-m",
+             "minivllm.utils.netns_wire", str(self.delay_ms),
+             *[f"/run/netns/{h}" for h in self.hosts]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._wire = wire  # close() ends it if what follows fails
+        if wire.stdout.readline().strip() != "ready":
+            raise RuntimeError("the delay wire did not start (see its error above)")
+        return wire
 
     def _start_init(self, host: str, tmpdir: str) -> subprocess.Popen:
         """sh in host's netns and its own IPC and mount namespaces, with the tmpfs mounted;
@@ -226,14 +273,32 @@ class NetnsCluster:
 
     # --- the network ---------------------------------------------------------------------
     def link_down(self, i: int) -> None:
-        """Cut host i off the network (its veth end in the switch goes down)."""
+        """Cut host i off the network (its port on the switch, veth or TAP, goes down; the
+        wire drops what a down TAP refuses)."""
         _ip("-n", self.switch, "link", "set", f"h{i}", "down")
 
-    def delay(self, i: int, ms: float) -> None:
-        """Delay every packet host i sends by ms (tc netem on its eth0)."""
-        r = self.sh(i, f"tc qdisc replace dev eth0 root netem delay {ms}ms")
+    def set_delay(self, ms: float) -> None:
+        """From now on, delay what every host sends by ms (a cluster made with delay_by)."""
+        if self.delay_by == "tc netem":
+            for host in self.hosts:
+                tc(host, "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms:g}ms")
+        elif self.delay_by == "wire":
+            self._wire.stdin.write(f"{ms}\n")
+            self._wire.stdin.flush()
+            if self._wire.stdout.readline().split() != ["delay", f"{float(ms):g}"]:
+                raise RuntimeError("the delay wire did not take the new delay (see above)")
+        else:
+            raise ValueError("this cluster's links are veths without netem: make it with "
+                             "delay_by=netns_cluster.delay_method() to change its delay")
+        self.delay_ms = ms
+
+    def ping(self, i: int, j: int, count: int = 20) -> dict:
+        """ICMP echo from host i to host j: {"rtt_ms": [...], "lost": n}."""
+        r = self.sh(i, f"{sys.executable} -m minivllm.utils.icmp_ping {self.addresses[j]} "
+                       f"{count}")
         if r.returncode:
-            raise RuntimeError(f"tc netem on host {i} failed: {r.stderr.strip()}")
+            raise RuntimeError(f"ping from host {i} failed: {r.stderr.strip()}")
+        return json.loads(r.stdout)
 
     # --- cleanup -------------------------------------------------------------------------
     def close(self) -> None:
@@ -245,16 +310,9 @@ class NetnsCluster:
         for host in self.hosts:
             _kill_all([p for p in _pids_in_netns(f"/run/netns/{host}")
                        if p not in {init.pid for init in self._inits}])
-        for init in self._inits:
-            if init.poll() is None:
-                init.stdin.close()
-                try:
-                    init.wait(EXIT_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    init.kill()
-                    init.wait()
-            init.stdout.close()
-        self._inits = []
+        for proc in self._inits + ([self._wire] if self._wire else []):
+            _end(proc)  # the wire's TAPs hold the namespaces: it ends before they go
+        self._inits, self._wire = [], None
         for name in self.hosts + [self.switch]:
             if os.path.exists(f"/run/netns/{name}"):
                 _delete_netns(name)
