@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from importlib import metadata
@@ -67,6 +68,28 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def spread(values: list[float]) -> float:
+    """Half the range over the median: 0.1 means every value lies within +-10% of it."""
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / 2 / mid if mid else 0.0
+
+
+def page_faults() -> int:
+    """Page faults this process has taken so far, minor and major (getrusage)."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+def transparent_hugepages() -> str | None:
+    """The kernel's THP mode (always, madvise or never), None where it is not Linux's."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return re.search(r"\[(\w+)\]", f.read()).group(1)
+    except (OSError, AttributeError):
+        return None
 
 
 def percentile(values: list[float], q: float) -> float:
