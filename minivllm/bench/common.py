@@ -92,6 +92,27 @@ def transparent_hugepages() -> str | None:
         return None
 
 
+def huge_page_share(address: int | None = None) -> float | None:
+    """The share of resident memory in transparent huge pages (/proc/self/smaps): of the whole
+    process, or of the one mapping that holds `address`; None where there is no smaps."""
+    rss = huge = 0
+    inside = address is None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = address is None or start <= address < end
+                elif inside and head == "Rss:":
+                    rss += int(line.split()[1])
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return huge / rss if rss else None
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0..100) by nearest rank; values need not be sorted."""
     ordered = sorted(values)

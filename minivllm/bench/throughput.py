@@ -30,8 +30,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from minivllm.bench.common import (bench_parser, median_time, page_faults, print_table,
-                                   quick_mode, spread, transparent_hugepages, write_json)
+from minivllm.bench.common import (bench_parser, huge_page_share, median_time, page_faults,
+                                   print_table, quick_mode, spread, transparent_hugepages,
+                                   write_json)
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
@@ -60,6 +61,7 @@ class Limit:
     value: float  # bytes/s or FLOP/s: the fastest call, since noise only lowers a limit
     calls: int  # timed calls made within the budget
     size: int  # the bytes read, or the matmul's n
+    huge_pages: float | None = None  # the bandwidth buffer's share in 2 MiB pages
 
 
 def time_boxed(fn: Callable[[], object], budget_s: float,
@@ -81,7 +83,8 @@ def measure_bandwidth(budget_s: float, clock: Callable[[], float] = time.perf_co
     """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches."""
     buf = torch.ones(BANDWIDTH_BYTES // 4)
     times = time_boxed(buf.sum, budget_s, clock)
-    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES)
+    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES,
+                 huge_page_share(buf.data_ptr()))
 
 
 def measure_matmul(dtype: torch.dtype, budget_s: float,
@@ -183,13 +186,15 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     samples = []
     for r in range(rp.rounds):
         faults = page_faults()
-        bandwidth = measure_bandwidth(budget_s).value
+        probe = measure_bandwidth(budget_s)
+        bandwidth = probe.value
         matmul = measure_matmul(torch_dtype, budget_s)
         limit_faults, faults = page_faults() - faults, page_faults()
         engine = engine_decode(core, batch, rp.steps, f"{dtype}-{batch}-{r}", rp.prompt_len)
         tokens = batch * (rp.steps + WARMUP_STEPS + 1)
         samples.append({"faults_per_token": (page_faults() - faults) / tokens,
-                        "limit_faults": limit_faults, "engine_tok_s": engine,
+                        "limit_faults": limit_faults, "probe_huge": probe.huge_pages or 0.0,
+                        "process_huge": huge_page_share() or 0.0, "engine_tok_s": engine,
                         "model_tok_s": model_decode(core, batch, rp.steps, rp.prompt_len),
                         "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": matmul.value / 1e9,
                         "matmul_n": matmul.size,
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results, ["dtype", "batch", "engine_tok_s", "model_tok_s", "bandwidth_GB_s",
                           "matmul_GFLOP_s", "matmul_n", "vs_bandwidth_limit", "vs_matmul_limit",
                           "rounds", "ratio_spread", "bw_spread", "tok_s_spread",
-                          "faults_per_token", "seconds"])
+                          "faults_per_token", "probe_huge", "process_huge", "seconds"])
     print("each ratio is the median over rounds of (tok/s / a limit measured just before it); "
           "*_spread: half the range over the median, of the ratio, the bandwidth and tok/s")
     print(steadiness_note(results))
@@ -314,7 +319,9 @@ def steadiness_note(rows: list[dict]) -> str:
     side = "the bandwidth probe" if worst["bw_spread"] > worst["tok_s_spread"] else "decode"
     return (f"batch 1 NOT steady: {worst['dtype']} vs_bandwidth_limit +-"
             f"{worst['ratio_spread']:.0%} over {worst['rounds']} rounds, {side} moved most; "
-            f"{worst['faults_per_token']:.0f} page faults a token; {pages}. Other programs' "
+            f"{worst['faults_per_token']:.0f} page faults a token; {pages}, in 2 MiB pages: "
+            f"{worst['probe_huge']:.0%} of the probe's buffer, {worst['process_huge']:.0%} of "
+            f"this process (weights). Other programs' "
             f"load moves both sides (a small VM shares its memory bus): rerun when quiet.")
 
 
