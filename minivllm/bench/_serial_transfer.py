@@ -16,6 +16,10 @@ on a second PUSH/PULL pair. The sender times encode + send + ack: one whole deli
 
 "socketpair" is a raw AF_UNIX stream into a reused buffer: the ceiling of any socket transport
 (a socket moves the bytes twice, sender into the kernel and kernel into the receiver).
+
+Each ack also carries the page faults the receiver took for that delivery (getrusage's
+ru_minflt + ru_majflt): a receive that lands in fresh memory pays one fault per 4 KiB page, and
+that, not the copy, is what moves a run's time most.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import pickle
 import socket
 import time
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import zmq
 
+from minivllm.bench.common import page_faults
 from minivllm.distributed.shm_tensor_arena import ShmTensorArena
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 from minivllm.utils.zmq import IpcDir, close_all, make_zmq_socket, reuse_large_receive_buffers
@@ -36,10 +43,29 @@ PAGE = 4096
 CHUNK = 1024**2  # oob_into frame size: small enough that glibc reuses one faulted buffer
 READY_TIMEOUT_MS = 60_000  # spawn + import torch on a loaded 2-core machine
 ACK_TIMEOUT_MS = 30_000
+WARMUP = 1  # untimed deliveries before the timed ones: the receiver's first touch of its memory
 
 
 def _touch(arr: np.ndarray) -> int:
     return int(arr.reshape(-1).view(np.uint8)[::PAGE].sum())
+
+
+def _ack(touched: int, faults_before: int) -> bytes:
+    """The ack: the touched-page checksum, then the faults taken since faults_before."""
+    return touched.to_bytes(8, "little") + (page_faults() - faults_before).to_bytes(8, "little")
+
+
+def _faults_of(ack: bytes) -> int:
+    if len(ack) != 16:
+        raise ConnectionError("the receiver closed the socket mid-run")
+    return int.from_bytes(ack[8:], "little")
+
+
+@dataclass
+class Deliveries:
+    """Seconds per delivery, and the receiver's page faults for each."""
+    seconds: list[float] = field(default_factory=list)
+    faults: list[int] = field(default_factory=list)
 
 
 MODES = ("oob", "oob_fresh", "oob_into", "shm", "pickle")
@@ -60,6 +86,9 @@ def receiver(data_addr: str, ack_addr: str, mode: str, count: int, nbytes: int,
     buf = np.ones(nbytes, np.uint8) if mode == "oob_into" else None  # every page faulted now
     try:
         ack.send(b"ready")
+        # libzmq's I/O thread receives the whole message before poll returns: count from the
+        # last ack on, so that its faults are this delivery's
+        faults = page_faults()
         for _ in range(count):
             if not pull.poll(ACK_TIMEOUT_MS):
                 return
@@ -71,7 +100,8 @@ def receiver(data_addr: str, ack_addr: str, mode: str, count: int, nbytes: int,
                 tensor = decoder.decode(pull.recv_multipart(copy=False))
             touched = _touch(tensor.numpy())
             del tensor  # frees the frame, or releases the arena's slot for the next one
-            ack.send(touched.to_bytes(8, "little"))
+            ack.send(_ack(touched, faults))
+            faults = page_faults()
     finally:
         close_all(pull, ack, linger=1000)
         ctx.term()
@@ -93,8 +123,10 @@ def _recv_into(pull: zmq.Socket, decoder: MsgpackDecoder, buf: np.ndarray) -> np
     return decoder.decode([body, buf[:got]])
 
 
-def transfer_times(tensor, mode: str, count: int) -> list[float]:
-    """Seconds per delivery of `tensor` to a child process, `count` times."""
+def transfer_times(tensor, mode: str, count: int) -> Deliveries:
+    """Seconds per delivery of `tensor` to a child process, `count` times, after WARMUP
+    untimed ones: a fresh receiver's first receive faults in its buffer (16,384 faults at
+    64 MiB), which the memcpy and socket ceilings' buffers had before their clocks started."""
     ctx = zmq.Context()
     ipc = IpcDir()
     push = pull_ack = proc = arena = None
@@ -104,15 +136,15 @@ def transfer_times(tensor, mode: str, count: int) -> list[float]:
         if mode == "shm":  # two slots: the one in use, and room for the next
             arena = ShmTensorArena(slot_bytes=tensor.nbytes, max_slots=2)
         child = mp.get_context("spawn").Process(
-            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count, tensor.nbytes,
-                                   arena and arena.handle()), daemon=True)
+            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count + WARMUP,
+                                   tensor.nbytes, arena and arena.handle()), daemon=True)
         child.start()
         proc = child
         if not pull_ack.poll(READY_TIMEOUT_MS):
             raise TimeoutError("the receiver process did not start within 60 s")
         pull_ack.recv()
-        encoder, times = MsgpackEncoder(arena=arena), []
-        for _ in range(count):
+        encoder, got = MsgpackEncoder(arena=arena), Deliveries()
+        for _ in range(count + WARMUP):
             start = time.perf_counter()
             if mode == "oob_into":
                 push.send_multipart(_chunked(encoder.encode(tensor.numpy())), copy=False)
@@ -125,9 +157,10 @@ def transfer_times(tensor, mode: str, count: int) -> list[float]:
                 push.send_multipart(frames, copy=False)
             if not pull_ack.poll(ACK_TIMEOUT_MS):
                 raise TimeoutError(f"no ack from the receiver within {ACK_TIMEOUT_MS} ms")
-            pull_ack.recv()
-            times.append(time.perf_counter() - start)
-        return times
+            ack = pull_ack.recv()
+            got.seconds.append(time.perf_counter() - start)
+            got.faults.append(_faults_of(ack))
+        return Deliveries(got.seconds[WARMUP:], got.faults[WARMUP:])
     finally:
         close_all(push, pull_ack)
         if proc is not None:
@@ -147,16 +180,16 @@ def socket_receiver(path: str, nbytes: int, count: int) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)
         for _ in range(count):
-            got = 0
+            got, faults = 0, page_faults()
             while got < nbytes:
                 n = sock.recv_into(buf[got:])
                 if n == 0:
                     return
                 got += n
-            sock.sendall(_touch(np.frombuffer(buf, np.uint8)).to_bytes(8, "little"))
+            sock.sendall(_ack(_touch(np.frombuffer(buf, np.uint8)), faults))
 
 
-def socketpair_times(nbytes: int, count: int) -> list[float]:
+def socketpair_times(nbytes: int, count: int) -> Deliveries:
     """Seconds per nbytes over a raw AF_UNIX stream into a reused buffer: the socket ceiling."""
     data = np.ones(nbytes, np.uint8)
     ipc = IpcDir()
@@ -168,19 +201,19 @@ def socketpair_times(nbytes: int, count: int) -> list[float]:
             server.listen(1)
             server.settimeout(READY_TIMEOUT_MS / 1000)
             proc = mp.get_context("spawn").Process(
-                target=socket_receiver, args=(path, nbytes, count), daemon=True)
+                target=socket_receiver, args=(path, nbytes, count + WARMUP), daemon=True)
             proc.start()
             conn, _ = server.accept()
         with conn:
             conn.settimeout(ACK_TIMEOUT_MS / 1000)
-            times = []
-            for _ in range(count):
+            got = Deliveries()
+            for _ in range(count + WARMUP):
                 start = time.perf_counter()
                 conn.sendall(data.data)
-                if len(conn.recv(8)) != 8:
-                    raise ConnectionError("the receiver closed the socket mid-run")
-                times.append(time.perf_counter() - start)
-            return times
+                ack = conn.recv(16, socket.MSG_WAITALL)
+                got.seconds.append(time.perf_counter() - start)
+                got.faults.append(_faults_of(ack))
+            return Deliveries(got.seconds[WARMUP:], got.faults[WARMUP:])
     finally:
         if proc is not None:
             proc.join(10)
@@ -190,13 +223,14 @@ def socketpair_times(nbytes: int, count: int) -> list[float]:
         ipc.close()
 
 
-def memcpy_times(nbytes: int, count: int) -> list[float]:
+def memcpy_times(nbytes: int, count: int) -> Deliveries:
     """Seconds per np.copyto of nbytes into an already-faulted buffer: the copy limit."""
     src = np.ones(nbytes, np.uint8)
-    dst = np.zeros(nbytes, np.uint8)
-    times = []
+    dst = np.ones(nbytes, np.uint8)  # ones, not zeros: calloc'd zeros are faulted lazily
+    got = Deliveries()
     for _ in range(count):
-        start = time.perf_counter()
+        faults, start = page_faults(), time.perf_counter()
         np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return times
+        got.seconds.append(time.perf_counter() - start)
+        got.faults.append(page_faults() - faults)
+    return got

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from importlib import metadata
@@ -67,6 +68,49 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def spread(values: list[float]) -> float:
+    """Half the range over the median: 0.1 means every value lies within +-10% of it."""
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / 2 / mid if mid else 0.0
+
+
+def page_faults() -> int:
+    """Page faults this process has taken so far, minor and major (getrusage)."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+def transparent_hugepages() -> str | None:
+    """The kernel's THP mode (always, madvise or never), None where it is not Linux's."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return re.search(r"\[(\w+)\]", f.read()).group(1)
+    except (OSError, AttributeError):
+        return None
+
+
+def huge_page_share(address: int | None = None) -> float | None:
+    """The share of resident memory in transparent huge pages (/proc/self/smaps): of the whole
+    process, or of the one mapping that holds `address`; None where there is no smaps."""
+    rss = huge = 0
+    inside = address is None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = address is None or start <= address < end
+                elif inside and head == "Rss:":
+                    rss += int(line.split()[1])
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return huge / rss if rss else None
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -7,7 +7,12 @@
    reused buffer), pickled, and through a ShmTensorArena (written once into shared memory, a
    handle on the wire); against memcpy of the same bytes in one process (prefaulted
    destination) and a raw AF_UNIX stream into a reused buffer (the ceiling of any socket).
-   _serial_transfer.py describes each row. Medians.
+   _serial_transfer.py describes each row. Medians, with the spread of each case's deliveries
+   and the receiver's page faults per delivery.
+
+The two headline ratios are taken within each of 5 rounds (both sides seconds apart, the cases
+in turn) and reported as the median of the rounds' ratios with its spread (KEY_spread: half the
+range over the median); a spread past 10% is called out, with what to look at.
 
 Ratios (higher is better):
     msgpack_speedup_vs_pickle     pickle_dicts time / flat_arrays time          (goal >= 10)
@@ -26,15 +31,20 @@ import time
 
 from minivllm.bench import serial_batch as sb
 from minivllm.bench import _serial_transfer as st
-from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
+from minivllm.bench.common import bench_parser, print_table, quick_mode, spread, write_json
 from minivllm.utils.progress import tqdm
 
 TENSOR_MIB = 64
 QUICK_TENSOR_MIB = 16  # quick mode: a smaller tensor, same comparison
 BATCH_REPEATS, QUICK_BATCH_REPEATS = 200, 30
 TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 3, 3  # deliveries per round
-TRANSFER_ROUNDS, QUICK_TRANSFER_ROUNDS = 3, 1  # every case once per round, in turn
+TRANSFER_ROUNDS, QUICK_TRANSFER_ROUNDS = 5, 1  # every case once per round, in turn
 MIB = 1024**2
+STEADY_SPREAD = 0.10  # a ratio whose rounds lie within +-10% of their median is steady
+# The headline ratios, each taken within every round (the two cases seconds apart) and reported
+# as the median over rounds, with the spread: numerator case, denominator case.
+ROUND_RATIOS = {"oob_tensor_vs_socket_ceiling": ("socketpair", "zmq_oob"),
+                "shm_tensor_vs_memcpy": ("memcpy", "shm_arena")}
 
 
 def measure_batch(repeats: int) -> list[dict]:
@@ -60,10 +70,11 @@ def measure_batch(repeats: int) -> list[dict]:
     return rows
 
 
-def measure_tensor(mib: int, repeats: int, rounds: int) -> list[dict]:
+def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dict]:
     """One row per way of moving the tensor: median seconds and GB/s over rounds x repeats
-    deliveries. The cases take turns round by round, so that a burst of load from another
-    program hits every case, not all the runs of one."""
+    deliveries, and the receiver's median page faults per delivery. The cases take turns round
+    by round, so that a burst of load from another program hits every case, not all the runs
+    of one; the second value holds ROUND_RATIOS' per-round medians."""
     import torch
 
     tensor = torch.ones(mib * MIB // 4, dtype=torch.float32)
@@ -73,25 +84,38 @@ def measure_tensor(mib: int, repeats: int, rounds: int) -> list[dict]:
     cases += [(f"zmq_{m}" if m != "shm" else "shm_arena",
                lambda m=m: st.transfer_times(tensor, m, repeats)) for m in st.MODES]
     times: dict[str, list[float]] = {name: [] for name, _ in cases}
+    faults: dict[str, list[int]] = {name: [] for name, _ in cases}
+    per_round: dict[str, list[float]] = {key: [] for key in ROUND_RATIOS}
     with tqdm(total=rounds * len(cases), desc=f"{mib} MiB tensor", leave=False) as bar:
         for _ in range(rounds):
+            this_round = {}
             for name, run in cases:
-                times[name] += run()
+                got = run()
+                times[name] += got.seconds
+                faults[name] += got.faults
+                this_round[name] = statistics.median(got.seconds)
                 bar.update()
+            for key, (num, den) in ROUND_RATIOS.items():
+                per_round[key].append(this_round[num] / this_round[den])
     rows = []
     for name, got in times.items():
         sec = statistics.median(got)
         rows.append({"case": f"tensor/{name}", "bytes": nbytes, "seconds": sec,
-                     "gb_per_s": nbytes / sec / 1e9, "runs": len(got)})
-    return rows
+                     "gb_per_s": nbytes / sec / 1e9, "runs": len(got),
+                     "faults_per_delivery": statistics.median(faults[name]),
+                     "spread": spread(got)})
+    return rows, per_round
 
 
-def ratios_of(rows: list[dict]) -> dict[str, float]:
+def ratios_of(rows: list[dict], per_round: dict[str, list[float]] | None = None
+              ) -> dict[str, float]:
+    """The ratios of the rows' medians; ROUND_RATIOS' from per_round where given (the median
+    of the rounds' ratios, and its spread as KEY_spread)."""
     by = {r["case"]: r for r in rows}
 
     def sec(case: str) -> float:
         return by[f"tensor/{case}"]["seconds"]
-    return {
+    ratios = {
         "msgpack_speedup_vs_pickle":
             by["batch/pickle_dicts"]["total_us"] / by["batch/flat_arrays"]["total_us"],
         "msgpack_dicts_speedup_vs_pickle":
@@ -104,6 +128,25 @@ def ratios_of(rows: list[dict]) -> dict[str, float]:
         "oob_speedup_vs_pickle": sec("zmq_pickle") / sec("zmq_oob"),
         "socket_ceiling_vs_memcpy": sec("memcpy") / sec("socketpair"),
     }
+    for key, values in (per_round or {}).items():
+        ratios[key] = statistics.median(values)
+        ratios[f"{key}_spread"] = spread(values)
+    return ratios
+
+
+def steadiness_note(ratios: dict[str, float], rounds: int) -> str:
+    """Where a headline ratio moved between rounds, what to look at on the reader's machine."""
+    moved = {k: ratios[f"{k}_spread"] for k in ROUND_RATIOS if f"{k}_spread" in ratios}
+    loose = {k: v for k, v in moved.items() if v > STEADY_SPREAD}
+    if rounds < 2 or not moved:
+        return "one round: no spread to report (run without --quick for five)"
+    if not loose:
+        return f"steady: each headline ratio within +-{STEADY_SPREAD:.0%} over {rounds} rounds"
+    named = ", ".join(f"{k} +-{v:.0%}" for k, v in loose.items())
+    return (f"NOT steady over {rounds} rounds: {named}. Each round times both sides seconds "
+            f"apart, so what moves one round against another is the machine: other programs "
+            f"(see the load average), or page faults (faults_per_delivery: a receive into "
+            f"fresh memory costs one fault per 4 KiB page, more than the copy).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,15 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     print("the seed step batch, encode + decode (medians):")
     print_table(rows, ["case", "bytes", "encode_us", "decode_us", "total_us", "runs"])
     mib = QUICK_TENSOR_MIB if quick else TENSOR_MIB
-    tensor_rows = measure_tensor(mib, QUICK_TRANSFER_REPEATS if quick else TRANSFER_REPEATS,
-                                 QUICK_TRANSFER_ROUNDS if quick else TRANSFER_ROUNDS)
-    print(f"\na {mib} MiB float32 tensor to another process (medians):")
-    print_table(tensor_rows, ["case", "bytes", "seconds", "gb_per_s", "runs"])
+    rounds = QUICK_TRANSFER_ROUNDS if quick else TRANSFER_ROUNDS
+    tensor_rows, per_round = measure_tensor(
+        mib, QUICK_TRANSFER_REPEATS if quick else TRANSFER_REPEATS, rounds)
+    print(f"\na {mib} MiB float32 tensor to another process (medians; spread: half the range "
+          f"over the median; the receiver's page faults per delivery):")
+    print_table(tensor_rows, ["case", "bytes", "seconds", "gb_per_s", "runs", "spread",
+                              "faults_per_delivery"])
     rows += tensor_rows
-    ratios = ratios_of(rows)
+    ratios = ratios_of(rows, per_round)
     print("\nratios (measured side by side in this run; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}):")
     for key, value in ratios.items():
         print(f"  {key:34s} {value:6.2f}")
+    print(steadiness_note(ratios, rounds))
     write_json(args.json, "serial", rows, ratios)
     return 0

@@ -30,7 +30,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from minivllm.bench.common import (bench_parser, median_time, print_table, quick_mode,
+from minivllm.bench.common import (bench_parser, huge_page_share, median_time, page_faults,
+                                   print_table, quick_mode, spread, transparent_hugepages,
                                    write_json)
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.core import EngineCore
@@ -49,6 +50,8 @@ MATMUL_SIZES = (256, 512, 1024, 2048)  # 2048: near the BLAS's peak; smaller whe
 LIMIT_BUDGET_S = 1.0  # seconds per limit reading (--quick: a quarter)
 MIN_CALLS = 2  # timed calls a limit makes even past its budget
 LONG_ROW_S = 20.0  # a row estimated past this says so before it starts
+ROUNDS = 5  # limit and decode, alternately, per row (--quick: 1): the ratio is their median
+STEADY_SPREAD = 0.10  # rounds within +-10% of their median: a steady ratio
 OPS_ROUNDS = 9  # rounds of the C ops comparison, 6 steps per mode each (--quick: 2 of 2):
 # many short rounds, because each round's ratio is what survives a busy neighbour
 
@@ -58,6 +61,7 @@ class Limit:
     value: float  # bytes/s or FLOP/s: the fastest call, since noise only lowers a limit
     calls: int  # timed calls made within the budget
     size: int  # the bytes read, or the matmul's n
+    huge_pages: float | None = None  # the bandwidth buffer's share in 2 MiB pages
 
 
 def time_boxed(fn: Callable[[], object], budget_s: float,
@@ -79,7 +83,8 @@ def measure_bandwidth(budget_s: float, clock: Callable[[], float] = time.perf_co
     """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches."""
     buf = torch.ones(BANDWIDTH_BYTES // 4)
     times = time_boxed(buf.sum, budget_s, clock)
-    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES)
+    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES,
+                 huge_page_share(buf.data_ptr()))
 
 
 def measure_matmul(dtype: torch.dtype, budget_s: float,
@@ -180,10 +185,16 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     flops_per_token = 2 * cfg.model_config.num_params
     samples = []
     for r in range(rp.rounds):
-        bandwidth = measure_bandwidth(budget_s).value
+        faults = page_faults()
+        probe = measure_bandwidth(budget_s)
+        bandwidth = probe.value
         matmul = measure_matmul(torch_dtype, budget_s)
+        limit_faults, faults = page_faults() - faults, page_faults()
         engine = engine_decode(core, batch, rp.steps, f"{dtype}-{batch}-{r}", rp.prompt_len)
-        samples.append({"engine_tok_s": engine,
+        tokens = batch * (rp.steps + WARMUP_STEPS + 1)
+        samples.append({"faults_per_token": (page_faults() - faults) / tokens,
+                        "limit_faults": limit_faults, "probe_huge": probe.huge_pages or 0.0,
+                        "process_huge": huge_page_share() or 0.0, "engine_tok_s": engine,
                         "model_tok_s": model_decode(core, batch, rp.steps, rp.prompt_len),
                         "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": matmul.value / 1e9,
                         "matmul_n": matmul.size,
@@ -192,6 +203,9 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
            "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6}
     row.update({k: statistics.median(s[k] for s in samples) for k in samples[0]})
+    for key, name in (("vs_bandwidth_limit", "ratio_spread"), ("bandwidth_GB_s", "bw_spread"),
+                      ("engine_tok_s", "tok_s_spread")):
+        row[name] = spread([s[key] for s in samples])
     return row
 
 
@@ -226,11 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("throughput", __doc__)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"limit and decode readings, alternately, per row (default "
+                             f"{ROUNDS}; --quick: 1)")
     parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
                         help="as `minivllm serve`: gguf runs a GGUF on its blocks")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
-    steps, rounds = (4, 1) if quick else (24, 3)
+    steps, rounds = (4, 1) if quick else (24, ROUNDS)
+    rounds = args.rounds or rounds
     budget_s = LIMIT_BUDGET_S / 4 if quick else LIMIT_BUDGET_S
     batches = [int(b) for b in args.batches.split(",")]
     cpu = describe_cpu()
@@ -267,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     print_table(results, ["dtype", "batch", "engine_tok_s", "model_tok_s", "bandwidth_GB_s",
                           "matmul_GFLOP_s", "matmul_n", "vs_bandwidth_limit", "vs_matmul_limit",
-                          "rounds", "seconds"])
-    print("each ratio is the median over rounds of (tok/s / a limit measured just before it)")
+                          "rounds", "ratio_spread", "bw_spread", "tok_s_spread",
+                          "faults_per_token", "probe_huge", "process_huge", "seconds"])
+    print("each ratio is the median over rounds of (tok/s / a limit measured just before it); "
+          "*_spread: half the range over the median, of the ratio, the bandwidth and tok/s")
+    print(steadiness_note(results))
     print(f"peak RSS {peak_rss:.0f} MiB; weights read per batch-1 step (vs_bandwidth_limit's "
           f"bytes): " + ", ".join(f"{r['dtype']} {r['weight_MB']:.0f} MB"
                                   for r in results if r["batch"] == batches[0]))
@@ -277,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in results:
         if row["dtype"] == "float32" and row["batch"] == 1:
             ratios["b1_vs_bandwidth_limit"] = round(row["vs_bandwidth_limit"], 3)
+            if row["rounds"] > 1:  # one round has no spread
+                ratios["b1_vs_bandwidth_limit_spread"] = round(row["ratio_spread"], 3)
         if row["dtype"] == "float32" and row["batch"] == 32:
             ratios["b32_vs_matmul_limit"] = round(row["vs_matmul_limit"], 3)
     ratios.update({k: round(v, 3) for k, v in ops.items() if k.endswith("_vs_torch_ops")})
@@ -284,6 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     print("ratios:", ratios)
     write_json(args.json, "throughput", results, ratios, machine=cpu)
     return 0
+
+
+def steadiness_note(rows: list[dict]) -> str:
+    """Whether the batch-1 ratio held still over its rounds, and if not, which side moved."""
+    b1 = [r for r in rows if r["batch"] == 1 and r["rounds"] > 1]
+    pages = f"transparent huge pages: {transparent_hugepages() or 'unknown'}"
+    worst = max(b1, key=lambda r: r["ratio_spread"], default=None)
+    if worst is None or worst["ratio_spread"] <= STEADY_SPREAD:
+        return f"batch 1: {'steady within +-10%' if worst else 'one round, no spread'}; {pages}"
+    side = "the bandwidth probe" if worst["bw_spread"] > worst["tok_s_spread"] else "decode"
+    return (f"batch 1 NOT steady: {worst['dtype']} vs_bandwidth_limit +-"
+            f"{worst['ratio_spread']:.0%} over {worst['rounds']} rounds, {side} moved most; "
+            f"{worst['faults_per_token']:.0f} page faults a token; {pages}, in 2 MiB pages: "
+            f"{worst['probe_huge']:.0%} of the probe's buffer, {worst['process_huge']:.0%} of "
+            f"this process (weights). Other programs' "
+            f"load moves both sides (a small VM shares its memory bus): rerun when quiet.")
 
 
 def print_ops(ops: dict[str, float]) -> None:

@@ -41,8 +41,11 @@ class EngineConfig:
     # the block kernel also wins at 32 rows)
     quantization: str | None = None
     block_size: int = 16  # tokens per KV cache block
-    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
-    num_kv_blocks: int | None = None  # overrides kv_cache_bytes (tests force preemption with it)
+    # vLLM's --kv-cache-memory-bytes (on CPU, VLLM_CPU_KVCACHE_SPACE in GiB): the KV cache's
+    # size, all TP ranks together. None: what max_num_seqs sequences of max_model_len can use,
+    # at most DEFAULT_KV_CACHE_BYTES (a budget larger than that only holds prefix-cache blocks)
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None  # overrides the bytes (tests force preemption with it)
     max_num_seqs: int = 64  # requests in one step
     max_num_batched_tokens: int = 512  # tokens in one step: the chunked-prefill budget
     max_model_len: int | None = None  # default: the model's context, capped by the cache
@@ -83,18 +86,46 @@ class EngineConfig:
             self.model = default_model_path()
         self.model_config = load_config(self.model)
         self._check_parallel()
-        if self.num_kv_blocks is None:
-            per_block = self.block_size * LlamaModel.kv_bytes_per_token(self.model_config,
-                                                                         self.torch_dtype)
-            self.num_kv_blocks = self.kv_cache_bytes // per_block
-        capacity = self.num_kv_blocks * self.block_size
-        limit = min(self.model_config.max_position, capacity)
-        self.max_model_len = min(self.max_model_len or limit, limit)
-        if self.max_model_len < 2:
-            raise ValueError(f"the KV cache holds {capacity} tokens: raise kv_cache_bytes or "
-                             f"num_kv_blocks")
+        self._size_kv_cache()
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             self.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return LlamaModel.kv_bytes_per_token(self.model_config, self.torch_dtype)
+
+    def _size_kv_cache(self) -> None:
+        """num_kv_blocks from the budget, then max_model_len checked against what it holds."""
+        per_block = self.block_size * self.kv_bytes_per_token
+        model_len = min(self.max_model_len or self.model_config.max_position,
+                        self.model_config.max_position)
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be positive, got "
+                             f"{self.kv_cache_memory_bytes}")
+        if self.num_kv_blocks is None and self.kv_cache_memory_bytes is not None:
+            self.num_kv_blocks = self.kv_cache_memory_bytes // per_block
+        elif self.num_kv_blocks is None:
+            needed = self.max_num_seqs * -(-model_len // self.block_size)
+            self.num_kv_blocks = min(DEFAULT_KV_CACHE_BYTES // per_block, needed)
+        capacity = self.num_kv_blocks * self.block_size
+        wanted = model_len if self.max_model_len else 2  # the least a request needs
+        if capacity < wanted:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({self.num_kv_blocks} blocks of "
+                f"{self.block_size}, {self.num_kv_blocks * per_block} bytes), less than one "
+                f"sequence of max_model_len {wanted}: raise kv_cache_memory_bytes "
+                f"(--kv-cache-memory-bytes) to at least {-(-wanted // self.block_size) * per_block}"
+                f" or lower max_model_len (--max-model-len) to {capacity} or less")
+        self.max_model_len = min(model_len, capacity)
+
+    def kv_cache_summary(self) -> str:
+        """The start-up line: what the cache holds, and how many max-length sequences fit."""
+        tokens = self.num_kv_blocks * self.block_size
+        mib = tokens * self.kv_bytes_per_token / 2**20
+        return (f"KV cache: {self.num_kv_blocks:,} blocks of {self.block_size} tokens = "
+                f"{tokens:,} tokens, {mib:,.1f} MiB ({self.dtype}, all ranks); "
+                f"{tokens / self.max_model_len:.2f} sequences of max_model_len "
+                f"{self.max_model_len:,} fit (max_num_seqs {self.max_num_seqs})")
 
     def _check_parallel(self) -> None:
         check_tensor_parallel_size(self.model_config, self.tensor_parallel_size)

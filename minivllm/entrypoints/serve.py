@@ -38,6 +38,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from minivllm.utils import tracing
+from minivllm.utils.byte_sizes import parse_bytes
 from minivllm.utils.process_count import serve_process_count
 from minivllm.utils.resource_names import private_dir
 
@@ -65,6 +66,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="API server processes sharing the port (default: the DP size)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", type=parse_bytes,
+                   default=None, metavar="BYTES",
+                   help="the KV cache's size, e.g. 512M or 0.5g (vLLM's flag; on CPU vLLM also "
+                        "reads VLLM_CPU_KVCACHE_SPACE, in GiB). Default: what --max-num-seqs "
+                        "sequences of --max-model-len can use, at most 512 MiB")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
                    help="gguf: run a GGUF's Q4_0/Q4_1/Q8_0 matrices on their blocks (a quarter "
@@ -120,6 +126,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                               "quantization": args.quantization}
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),
+                        ("kv_cache_memory_bytes", args.kv_cache_memory_bytes),
                         ("num_threads", args.num_threads),
                         ("nnodes", args.nnodes if args.nnodes != 1 else None),
                         ("node_rank", args.node_rank or None),
@@ -182,6 +189,7 @@ def announce(args: argparse.Namespace, config: Any, api_servers: int) -> None:
     note = ""
     if expected.dp_coordinator and len(procs) == expected.total - 1:
         note = " (minivllm runs no DP coordinator process)"
+    print(config.kv_cache_summary(), flush=True)
     print(f"processes: {len(procs)} running; chapter 01's formula: {expected.describe()}{note}",
           flush=True)
     for p in procs:

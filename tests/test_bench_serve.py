@@ -1,0 +1,50 @@
+"""`minivllm bench serve --base-url`: the same client and metrics against a server it did not
+start, here a real `minivllm serve` on the tiny model. Structure and counts, never timings."""
+
+import json
+
+import pytest
+
+from minivllm.bench import serve
+from minivllm.entrypoints.openai.server_process import ServerProcess
+
+LATENCIES = [f"{m}_{s}_ms" for m in ("ttft", "tpot", "itl") for s in ("mean", "p50", "p99")]
+
+
+def test_base_url_load_tests_a_running_server(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    with ServerProcess([tiny_dir, "--served-model-name", "tiny"]) as server:
+        assert serve.main(["--backend", "openai", "--base-url", server.url, "--model", tiny_dir,
+                           "--max-concurrency", "1", "3", "--num-prompts", "5",
+                           "--num-warmups", "2", "--server-pid", str(server.pid),
+                           "--json", str(out)]) == 0
+        printed = capsys.readouterr().out
+        # a wrong model name: every request fails, counted and said, not measured
+        assert serve.main(["--base-url", server.url, "--model", tiny_dir, "--num-prompts", "2",
+                           "--max-concurrency", "2", "--num-warmups", "0",
+                           "--served-model-name", "nope", "--json", str(tmp_path / "bad.json")
+                           ]) == 0
+    bad = json.loads((tmp_path / "bad.json").read_text())["results"][0]
+    assert bad["requests"] == 0 and bad["errors"] == 2 and bad["out_tok_per_s"] == 0
+    assert "a request failed" in capsys.readouterr().err
+    record = json.loads(out.read_text())
+    assert [r["concurrency"] for r in record["results"]] == [1, 3]
+    for row in record["results"]:
+        assert row["engine"] == f"openai@127.0.0.1:{server.port}"
+        # no error: the requests carried the name /v1/models gave ("tiny"), which serve checks
+        assert row["requests"] == 5 and row["errors"] == 0, row
+        assert row["out_tok_per_s"] > 0 and row["cpu_ms_per_tok"] > 0 and row["server_rss_mib"] > 0
+        for key in LATENCIES:  # 16 tokens a request (quick mode): every latency was measured
+            assert row[key] > 0, (key, row)
+        assert row["ttft_p50_ms"] <= row["ttft_p99_ms"]
+    for column in ["out_tok_per_s", *LATENCIES]:
+        assert column in printed
+    assert record["ratios"] == {}  # no in-process engine to compare with
+
+
+def test_base_url_without_a_server_says_what_to_do(tmp_path, tiny_dir):
+    from minivllm.entrypoints.openai.server_process import free_port
+    with pytest.raises(SystemExit, match="no OpenAI-compatible server answers at"):
+        serve.main(["--base-url", f"http://127.0.0.1:{free_port()}", "--model", tiny_dir])
+    with pytest.raises(SystemExit, match="http://HOST:PORT"):
+        serve.main(["--base-url", "https://example.invalid", "--model", tiny_dir])
