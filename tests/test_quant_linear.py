@@ -57,7 +57,7 @@ def test_blocks_dequantize_as_gguf_does(qtype):
     assert torch.equal(w.float(), reference)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 5, 8, 33])  # 1, 3: the GEMV; 5+: tiles
+@pytest.mark.parametrize("rows", [1, 5, 6, 16, 17, 33])  # 1-5: the GEMV; 6+: the GEMM
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_c_and_torch_q_linear_match_the_dequantized_matmul(qtype, rows):
     w, reference = quantized(qtype, 70, 1536)  # 70 rows: a tile of 4 that is cut short
@@ -74,7 +74,7 @@ from tests.test_quant_linear import QTYPES, assert_matmul_close, quantized
 from minivllm.model import csrc_build, custom_ops
 assert csrc_build.load() is not None
 for qtype in QTYPES:
-    for rows in (1, 32):
+    for rows in (1, 7, 32):
         w, reference = quantized(qtype, 37, 576)
         x = torch.randn(rows, 576)
         assert_matmul_close(custom_ops.q_linear_c(x, w), x, reference)
