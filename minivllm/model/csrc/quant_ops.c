@@ -225,9 +225,22 @@ static inline __attribute__((always_inline)) void micro_kernel(
 // The chunk of x from row m0 (MC rows, or VW for a last one of VW rows or fewer).
 static inline int64_t chunk_rows(int64_t M, int64_t m0) { return M - m0 > VW ? MC : VW; }
 
+// A buffer of at least n floats, kept by the calling thread for its next call: a fresh one per
+// call would be mapped and faulted in each time (xt passes malloc's mmap threshold at K 1536).
+static float *scratch(int which, int64_t n) {
+    static __thread float *buf[2];
+    static __thread int64_t cap[2];
+    if (n > cap[which]) {
+        free(buf[which]);
+        buf[which] = aligned_alloc(64, sizeof(float) * ((n + 15) / 16 * 16));  // 64-byte lines
+        cap[which] = buf[which] == NULL ? 0 : n;
+    }
+    return buf[which];
+}
+
 // x's chunks, each (K, chunk rows) from xt + m0 * K, zero past row M.
 static float *transpose_chunks(const float *x, int64_t M, int64_t K) {
-    float *xt = aligned_alloc(64, sizeof(float) * K * ((M + MC - 1) / MC * MC));
+    float *xt = scratch(0, K * ((M + MC - 1) / MC * MC));
     if (xt == NULL) return NULL;
     for (int64_t m0 = 0; m0 < M; m0 += chunk_rows(M, m0)) {
         const int64_t rows = chunk_rows(M, m0);
@@ -262,7 +275,7 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     int failed = 0;
 #pragma omp parallel
     {
-        float *wt = calloc(NR * K, sizeof(float));
+        float *wt = scratch(1, NR * K);
         if (wt == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -276,9 +289,7 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
             if (rows < NR) memset(wt + rows * K, 0, sizeof(float) * (NR - rows) * K);
             tile_rows(xt, wt, out, M, N, K, n0, rows);
         }
-        free(wt);
     }
-    free(xt);
     return failed ? -2 : 0;
 }
 
