@@ -124,6 +124,13 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r'data: \{"error":\{"message":"the engine is dead', "the stream ends with an error event"),
         (r"processes left: \[\]", "the dead server leaves nothing behind"),
         (r"serve_vs_inproc_c\d+ = [0-9.]+", "the serving path is measured against the bare engine"),
+        (r"bytes per decode step: float32 \d+ MB, blocks \d+ MB", "a step's bytes, both ways"),
+        (r"batch  1: float32 0\.5 FLOPs, blocks 2\.\d FLOPs per byte read",
+         "batch 1 does little arithmetic per byte"),
+        (r"batch 32: float32 16\.0 FLOPs, blocks \d\d\.\d FLOPs per byte read",
+         "batch 32 does 32 times more on the same bytes"),
+        (r"on this machine: .* memory-bound below [0-9.]+ FLOPs per byte",
+         "the machine's balance is measured in this run"),
     ],
     "10": [
         (r"hosts: 3 (hosts made of network namespaces|loopback 'nodes' on 127\.0\.0\.1)",

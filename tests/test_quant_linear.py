@@ -4,8 +4,9 @@ of the float32 path on the dequantized weights.
 The kernel is checked against gguf-py's own dequantizer for Q4_0, Q4_1 and Q8_0, at batch 1
 and at batches past the few/many split, in both builds (-march=native and the AVX2-only
 x86-64-v3); the tensor-parallel slices of the blocks against the whole matrix; and the bundled
-Q4_1 model, run on its blocks (--quantization gguf), against the same model with --quantization none:
-teacher-forced logits within LOGIT_RTOL and greedy tokens equal under the near-tie rule.
+Q4_1 model, run on its blocks (the default), against the same model with --quantization none
+(dequantized to float32 at load): teacher-forced logits within LOGIT_RTOL and greedy tokens
+equal under the near-tie rule.
 """
 
 import os
@@ -57,7 +58,7 @@ def test_blocks_dequantize_as_gguf_does(qtype):
     assert torch.equal(w.float(), reference)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 5, 8, 33])  # 1, 3: the GEMV; 5+: tiles
+@pytest.mark.parametrize("rows", [1, 5, 6, 16, 17, 33])  # 1-5: the GEMV; 6+: the GEMM
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_c_and_torch_q_linear_match_the_dequantized_matmul(qtype, rows):
     w, reference = quantized(qtype, 70, 1536)  # 70 rows: a tile of 4 that is cut short
@@ -74,7 +75,7 @@ from tests.test_quant_linear import QTYPES, assert_matmul_close, quantized
 from minivllm.model import csrc_build, custom_ops
 assert csrc_build.load() is not None
 for qtype in QTYPES:
-    for rows in (1, 32):
+    for rows in (1, 7, 32):
         w, reference = quantized(qtype, 37, 576)
         x = torch.randn(rows, 576)
         assert_matmul_close(custom_ops.q_linear_c(x, w), x, reference)
@@ -127,20 +128,20 @@ def test_the_head_on_blocks_gives_logits_and_embedding_rows_on_every_rank():
 
 
 def test_an_unknown_quantization_is_refused():
-    with pytest.raises(ValueError, match="use none"):
+    with pytest.raises(ValueError, match="use gguf"):
         EngineConfig(quantization="int3")
 
 
 @pytest.fixture(scope="module")
 def runs():
-    """The bundled model on its blocks (gguf) and with float32 weights (the default), in this
+    """The bundled model on its blocks (the default) and with float32 weights (none), in this
     process: greedy tokens for the chat prompts, and the models to score with."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     result = {}
     try:
-        for quantization in ("gguf", None):
+        for quantization in (None, "none"):
             with LLM(quantization=quantization) as llm:
                 prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
                     [{"role": "user", "content": q}])) for q in QUESTIONS]
@@ -153,15 +154,16 @@ def runs():
     return result
 
 
-def test_gguf_keeps_the_blocks_and_the_default_dequantizes(runs):
-    assert isinstance(runs["gguf"][2].layers[0].down, QuantLinear)
-    assert isinstance(runs["gguf"][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
-    assert isinstance(runs[None][2].layers[0].down, Linear)
+def test_the_default_keeps_the_blocks_and_none_dequantizes(runs):
+    assert isinstance(runs[None][2].layers[0].down, QuantLinear)
+    assert isinstance(runs[None][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
+    assert isinstance(runs["none"][2].layers[0].down, Linear)
+    assert isinstance(runs["none"][2].lm_head.linear, Linear)
 
 
 def test_the_blocks_give_the_float32_paths_logits_and_tokens(runs):
-    prompts, float_tokens, float_model = runs[None]
-    _, block_tokens, block_model = runs["gguf"]
+    prompts, float_tokens, float_model = runs["none"]
+    _, block_tokens, block_model = runs[None]
     for q, prompt, ref, ours in zip(QUESTIONS, prompts, float_tokens, block_tokens):
         sequence = [*prompt, *ref]  # both score the float path's tokens
         ref_logits, our_logits = float_model.score(sequence), block_model.score(sequence)

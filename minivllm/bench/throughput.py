@@ -1,8 +1,9 @@
 """`minivllm bench throughput`: offline decode tok/s of the in-process engine, next to this
 machine's two limits, measured in the same run.
 
-- Batch 1 reads every weight once per token: its limit is memory bandwidth / the bytes the
-  weights are stored in (a GGUF's blocks where the layers run on them: model/quant_linear.py).
+- Batch 1 reads every weight once per token: its limit is memory bandwidth / the bytes a step
+  reads, the weights as they are stored (a GGUF's blocks where the layers run on them:
+  model/quant_linear.py) and the KV cache its attention reads.
 - Batch 32 does 2 FLOPs per weight per token: its limit is matmul FLOP/s / (2 x weights).
 
 Each row: the engine (EngineCore.step: scheduler, runner, sampler) and the model alone
@@ -181,7 +182,9 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     """
     cfg = core.config
     torch_dtype = cfg.torch_dtype
-    weight_bytes = core.model_executor.driver_worker.model_runner.model.weight_bytes_per_step()
+    model = core.model_executor.driver_worker.model_runner.model
+    weight_bytes = model.weight_bytes_per_step()
+    kv_bytes = batch * (rp.prompt_len + 1) * model.kv_bytes_per_token(cfg.model_config, torch_dtype)
     flops_per_token = 2 * cfg.model_config.num_params
     samples = []
     for r in range(rp.rounds):
@@ -198,10 +201,12 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
                         "model_tok_s": model_decode(core, batch, rp.steps, rp.prompt_len),
                         "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": matmul.value / 1e9,
                         "matmul_n": matmul.size,
-                        "vs_bandwidth_limit": engine * weight_bytes / bandwidth,
+                        "vs_bandwidth_limit":
+                            engine / batch * (weight_bytes + kv_bytes) / bandwidth,
                         "vs_matmul_limit": engine * flops_per_token / matmul.value})
     row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
-           "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6}
+           "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6,
+           "kv_MB": kv_bytes / 1e6}
     row.update({k: statistics.median(s[k] for s in samples) for k in samples[0]})
     for key, name in (("vs_bandwidth_limit", "ratio_spread"), ("bandwidth_GB_s", "bw_spread"),
                       ("engine_tok_s", "tok_s_spread")):
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"limit and decode readings, alternately, per row (default "
                              f"{ROUNDS}; --quick: 1)")
     parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
-                        help="as `minivllm serve`: gguf runs a GGUF on its blocks")
+                        help="as `minivllm serve`: none dequantizes a GGUF's blocks at load")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
     steps, rounds = (4, 1) if quick else (24, ROUNDS)
@@ -290,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     print("each ratio is the median over rounds of (tok/s / a limit measured just before it); "
           "*_spread: half the range over the median, of the ratio, the bandwidth and tok/s")
     print(steadiness_note(results))
-    print(f"peak RSS {peak_rss:.0f} MiB; weights read per batch-1 step (vs_bandwidth_limit's "
-          f"bytes): " + ", ".join(f"{r['dtype']} {r['weight_MB']:.0f} MB"
-                                  for r in results if r["batch"] == batches[0]))
+    print(f"peak RSS {peak_rss:.0f} MiB; bytes read per batch-{batches[0]} step "
+          f"(vs_bandwidth_limit's): " + ", ".join(
+              f"{r['dtype']} {r['weight_MB']:.0f} MB of weights + {r['kv_MB']:.1f} MB of KV cache"
+              for r in results if r["batch"] == batches[0]))
     if ops:
         print_ops(ops)
     for row in results:

@@ -36,9 +36,8 @@ class SchedulerConfig:
 class EngineConfig:
     model: str | None = None  # a .gguf file or a HF directory; None: SmolLM2-135M-Instruct
     dtype: str = "float32"  # float32 is the CPU default; bfloat16 halves memory traffic
-    # vLLM's --quantization: "gguf" runs a GGUF's Q4_0/Q4_1/Q8_0 layer matrices in their blocks
-    # (float32 activations); None or "none" dequantizes them to dtype at load (the default until
-    # the block kernel also wins at 32 rows)
+    # vLLM's --quantization: None (the default) or "gguf" runs a GGUF's Q4_0/Q4_1/Q8_0 matrices
+    # in their blocks (float32 activations); "none" dequantizes them to dtype at load
     quantization: str | None = None
     block_size: int = 16  # tokens per KV cache block
     # vLLM's --kv-cache-memory-bytes (on CPU, VLLM_CPU_KVCACHE_SPACE in GiB): the KV cache's

@@ -73,9 +73,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "sequences of --max-model-len can use, at most 512 MiB")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
-                   help="gguf: run a GGUF's Q4_0/Q4_1/Q8_0 matrices on their blocks (a quarter "
-                        "of the memory, faster at batch 1, slower at 32); default and none: "
-                        "dequantize them to --dtype at load")
+                   help="default and gguf: run a GGUF's Q4_0/Q4_1/Q8_0 matrices on their "
+                        "blocks (float32; a quarter of the memory); none: dequantize them to "
+                        "--dtype at load")
     p.add_argument("--api-key", default=os.environ.get("MINIVLLM_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None,

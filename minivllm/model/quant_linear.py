@@ -9,7 +9,7 @@ each, so a row is whole blocks: slicing output rows (column parallelism) cuts no
 slicing input columns (row parallelism) cuts whole blocks where in / N is a multiple of 32.
 
 RMSNorm's weight cannot be folded into a quantized matrix (llama.py fold_norm) without
-re-quantizing it; it scales the activations instead: (x_hat * g) @ W^T.
+re-quantizing it; the norm applies it instead (llama.py LayerWeights.input_norm, post_norm).
 """
 
 from __future__ import annotations
@@ -77,24 +77,21 @@ def dequantize_torch(data: torch.Tensor, qtype: GGMLQuantizationType, k: int) ->
 
 
 class QuantLinear:
-    """y = (x * scale) @ W^T with W in blocks; scale is a folded-away RMSNorm weight, or None."""
+    """y = x @ W^T with W in blocks."""
 
-    def __init__(self, w: QuantWeight, scale: torch.Tensor | None = None):
-        self.weight, self.scale = w, scale
+    def __init__(self, w: QuantWeight):
+        self.weight = w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scale is not None:
-            x = x * self.scale
         return custom_ops.q_linear(x, self.weight)
 
 
 class QuantColumnParallelLinear(QuantLinear):
     """linear.ColumnParallelLinear on blocks: this rank's output rows."""
 
-    def __init__(self, w: QuantWeight, tp: TPGroup, sizes: list[int] | None = None,
-                 scale: torch.Tensor | None = None):
+    def __init__(self, w: QuantWeight, tp: TPGroup, sizes: list[int] | None = None):
         rows = column_shard(w.data, sizes or [w.shape[0]], tp.rank, tp.world_size)
-        super().__init__(w.rows(rows), scale)
+        super().__init__(w.rows(rows))
 
 
 def row_shardable(w: QuantWeight, world_size: int) -> bool:

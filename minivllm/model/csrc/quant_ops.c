@@ -5,15 +5,16 @@
 //   Q4_0 (18 bytes): fp16 d, 16 bytes of nibbles; w = d * (q - 8)
 //   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles; w = d * q + m
 //   Q8_0 (34 bytes): fp16 d, 32 int8; w = d * q
-// Nibble j of a block (j < 16) is the low half of byte j, weight j + 16 its high half.
+// Nibble j of a block (j < 16) is the low half of byte j, weight j + 16 its high half. All
+// three are w = d q + m, m being -8 d for Q4_0 and 0 for Q8_0: one fused multiply-add, which
+// for Q4_0 and Q8_0 rounds to exactly gguf-py's values.
 //
-// Batches of 1-3 rows (decode at batch 1): the GEMV, each block from memory into registers,
-// with AVX-512 or AVX2 intrinsics, whichever the build's -march has (csrc_build.py: native,
-// or x86-64-v3 for AVX2 only). The bytes read are the blocks: 5 bits a weight for Q4_1.
-// Larger batches: each thread takes a range of output rows, TILE rows at a time; it unpacks
-// the tile's blocks once into a float buffer (TILE * K floats, in L1/L2), then every row of x
-// (the whole batch) is dotted against it, 4 rows of x at once: each block is unpacked once for
-// all rows of the batch. Those loops are plain C that gcc vectorises for the same -march.
+// Batches of 1-5 rows (decode at batch 1): the GEMV, each block from memory into registers.
+// The bytes read are the blocks: 5 bits a weight for Q4_1.
+// Larger batches: the GEMM, which unpacks each block once into a small float panel and runs
+// every row of the batch against it with a register-blocked micro-kernel (see gemm below).
+// Both use AVX-512 or AVX2 intrinsics, whichever the build's -march has (csrc_build.py:
+// native, or x86-64-v3 for AVX2 only); a build with neither runs the GEMM on plain C.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@
 #include <immintrin.h>
 #endif
 
-enum { QK = 32, TILE = 4 };
+enum { QK = 32 };
 enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };  // GGMLQuantizationType values
 
 static inline float half_to_float(const uint8_t *p) {
@@ -54,90 +55,74 @@ static inline int block_bytes(int64_t qtype) {
     return qtype == GGML_Q4_0 ? 18 : qtype == GGML_Q4_1 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
 }
 
-// One row of nb blocks -> nb * 32 floats, the same values gguf-py's dequantize gives.
-static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *restrict w) {
-    for (int64_t b = 0; b < nb; b++, w += QK) {
-        if (qtype == GGML_Q8_0) {
-            const uint8_t *blk = src + b * 34;
-            const float d = half_to_float(blk);
-            const int8_t *q = (const int8_t *)(blk + 2);
-            for (int j = 0; j < QK; j++) w[j] = (float)q[j] * d;
-        } else if (qtype == GGML_Q4_1) {
-            const uint8_t *blk = src + b * 20;
-            const float d = half_to_float(blk), m = half_to_float(blk + 2);
-            const uint8_t *q = blk + 4;
-            for (int j = 0; j < QK / 2; j++) {
-                w[j] = d * (float)(q[j] & 0xf) + m;
-                w[j + QK / 2] = d * (float)(q[j] >> 4) + m;
-            }
-        } else {
-            const uint8_t *blk = src + b * 18;
-            const float d = half_to_float(blk);
-            const uint8_t *q = blk + 2;
-            for (int j = 0; j < QK / 2; j++) {
-                w[j] = d * (float)((int)(q[j] & 0xf) - 8);
-                w[j + QK / 2] = d * (float)((int)(q[j] >> 4) - 8);
-            }
-        }
-    }
+// m of w = d q + m for a block whose scale is d.
+static inline float block_min(const uint8_t *blk, int64_t qtype, float d) {
+    return qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f;
 }
 
-// out[m .. m + 4, n0 .. n0 + 4): 4 rows of x against 4 unpacked weight rows, 16 sums held at
-// once (8 loads for 16 multiply-adds: the batched case is bound by arithmetic, not loads).
-static void dot_4x4(const float *restrict x, const float *restrict wt, float *restrict out,
-                    int64_t N, int64_t K) {
-    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
-    const float *w0 = wt, *w1 = wt + K, *w2 = wt + 2 * K, *w3 = wt + 3 * K;
-    float s[4][4] = {{0.f}};
-    for (int64_t k = 0; k < K; k++) {
-        const float a[4] = {x0[k], x1[k], x2[k], x3[k]}, b[4] = {w0[k], w1[k], w2[k], w3[k]};
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) s[i][j] += a[i] * b[j];
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) out[i * N + j] = s[i][j];
-}
-
-// out[m, n0 .. n0 + rows) for every m: the tile's unpacked rows wt (rows, K) against x (M, K).
-static void tile_dot(const float *restrict x, const float *restrict wt, float *restrict out,
-                     int64_t M, int64_t N, int64_t K, int64_t n0, int rows) {
-    int64_t m = 0;
-    if (rows == TILE)
-        for (; m + 4 <= M; m += 4) dot_4x4(x + m * K, wt, out + m * N + n0, N, K);
-    for (; m < M; m++) {
-        const float *xm = x + m * K;
-        if (rows == TILE) {
-            const float *w0 = wt, *w1 = wt + K, *w2 = wt + 2 * K, *w3 = wt + 3 * K;
-            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-            for (int64_t k = 0; k < K; k++) {
-                const float xv = xm[k];
-                s0 += w0[k] * xv;
-                s1 += w1[k] * xv;
-                s2 += w2[k] * xv;
-                s3 += w3[k] * xv;
-            }
-            float *o = out + m * N + n0;
-            o[0] = s0, o[1] = s1, o[2] = s2, o[3] = s3;
-        } else {
-            for (int r = 0; r < rows; r++) {
-                const float *wr = wt + r * K;
-                float s = 0.f;
-                for (int64_t k = 0; k < K; k++) s += wr[k] * xm[k];
-                out[m * N + n0 + r] = s;
-            }
-        }
-    }
-}
-
-// The GEMV (batch 1-3): each block straight from memory into vector registers, no buffer.
-// sum_j (d q_j + m) x_j = d (q . x) + m sum(x): one multiply-add by d per block, and the
-// block sums of x (xsum) computed once. Q4_0 is m = -8 d, Q8_0 m = 0 with signed quants.
 #if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
+// A block's 32 quants as bytes: weights 0-15 in lo, 16-31 in hi (signed for Q8_0).
+static inline void block_quants(const uint8_t *blk, int64_t qtype, __m128i *lo, __m128i *hi) {
+    if (qtype == GGML_Q8_0) {
+        *lo = _mm_loadu_si128((const __m128i *)(blk + 2));
+        *hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+    } else {
+        const __m128i low4 = _mm_set1_epi8(0xf);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + (qtype == GGML_Q4_1 ? 4 : 2)));
+        *lo = _mm_and_si128(q, low4);
+        *hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+    }
+}
+#endif
+
+#if defined(__AVX512F__)
+static inline __m512 widen16(__m128i q, int64_t qtype) {  // 16 quant bytes -> 16 floats
+    return _mm512_cvtepi32_ps(qtype == GGML_Q8_0 ? _mm512_cvtepi8_epi32(q)
+                                                 : _mm512_cvtepu8_epi32(q));
+}
+#elif defined(__AVX2__)
+static inline __m256 widen8(__m128i q, int64_t qtype) {  // the low 8 quant bytes -> 8 floats
+    return _mm256_cvtepi32_ps(qtype == GGML_Q8_0 ? _mm256_cvtepi8_epi32(q)
+                                                 : _mm256_cvtepu8_epi32(q));
+}
+#endif
+
+// One row of nb blocks -> nb * 32 floats, the values gguf-py's dequantize gives.
+static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *restrict w) {
+    const int bs = block_bytes(qtype);
+    for (int64_t b = 0; b < nb; b++, w += QK) {
+        const uint8_t *blk = src + b * bs;
+        const float d = half_to_float(blk), m = block_min(blk, qtype, d);
+#if defined(__AVX512F__) || defined(__AVX2__)
+        __m128i lo, hi;
+        block_quants(blk, qtype, &lo, &hi);
+#if defined(__AVX512F__)
+        const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+        _mm512_storeu_ps(w, _mm512_fmadd_ps(widen16(lo, qtype), dv, mv));
+        _mm512_storeu_ps(w + 16, _mm512_fmadd_ps(widen16(hi, qtype), dv, mv));
+#else
+        const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(w + 8 * i, _mm256_fmadd_ps(widen8(parts[i], qtype), dv, mv));
+#endif
+#else
+        for (int j = 0; j < QK; j++) {
+            const uint8_t *q = blk + (qtype == GGML_Q4_1 ? 4 : 2);
+            const int v = qtype == GGML_Q8_0 ? (int8_t)q[j] : (q[j % 16] >> (j / 16 * 4)) & 0xf;
+            w[j] = (float)v * d + m;
+        }
+#endif
+    }
+}
+
+// The GEMV (batch 1-5): each block straight from memory into vector registers, no buffer.
+// sum_j (d q_j + m) x_j = d (q . x) + m sum(x): one multiply-add by d per block, and the
+// block sums of x (xsum) computed once.
+#if defined(__AVX512F__) || defined(__AVX2__)
 static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float *x,
                      const float *xsum) {
-    const int bs = block_bytes(qtype), off = qtype == GGML_Q4_1 ? 4 : 2;
-    const __m128i low4 = _mm_set1_epi8(0xf);
+    const int bs = block_bytes(qtype);
     float mx = 0.f;
 #if defined(__AVX512F__)
     __m512 acc = _mm512_setzero_ps();
@@ -147,37 +132,18 @@ static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bs;
         const float d = half_to_float(blk), *xb = x + b * QK;
-        __m128i lo, hi;  // weights 0-15 and 16-31 as bytes
-        if (qtype == GGML_Q8_0) {
-            lo = _mm_loadu_si128((const __m128i *)(blk + 2));
-            hi = _mm_loadu_si128((const __m128i *)(blk + 18));
-        } else {
-            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + off));
-            lo = _mm_and_si128(q, low4);
-            hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-        }
-        mx += (qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f)
-              * xsum[b];
+        __m128i lo, hi;
+        block_quants(blk, qtype, &lo, &hi);
+        mx += block_min(blk, qtype, d) * xsum[b];
 #if defined(__AVX512F__)
-        __m512 wl, wh;
-        if (qtype == GGML_Q8_0) {
-            wl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
-            wh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
-        } else {
-            wl = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
-            wh = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
-        }
-        const __m512 t = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xb + 16),
-                                         _mm512_mul_ps(wl, _mm512_loadu_ps(xb)));
+        const __m512 t = _mm512_fmadd_ps(widen16(hi, qtype), _mm512_loadu_ps(xb + 16),
+                                         _mm512_mul_ps(widen16(lo, qtype), _mm512_loadu_ps(xb)));
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), t, acc);
 #else
         __m256 t = _mm256_setzero_ps();
         const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        for (int i = 0; i < 4; i++) {
-            const __m256i v = qtype == GGML_Q8_0 ? _mm256_cvtepi8_epi32(parts[i])
-                                                 : _mm256_cvtepu8_epi32(parts[i]);
-            t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps(xb + 8 * i), t);
-        }
+        for (int i = 0; i < 4; i++)
+            t = _mm256_fmadd_ps(widen8(parts[i], qtype), _mm256_loadu_ps(xb + 8 * i), t);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc);
 #endif
     }
@@ -191,7 +157,7 @@ static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float 
 #endif
 }
 
-enum { GEMV_ROWS = 4 };  // batches below this take the GEMV
+enum { GEMV_ROWS = 6 };  // batches below this take the GEMV (from 6 rows the GEMM was faster)
 
 static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                 int64_t qtype) {
@@ -211,25 +177,105 @@ static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     return 0;
 }
 #else
-enum { GEMV_ROWS = 0 };  // no vector GEMV in a build without AVX2: the tiles serve every batch
+enum { GEMV_ROWS = 0 };  // no vector GEMV in a build without AVX2: the GEMM serves every batch
 static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                 int64_t qtype) {
     return -1;
 }
 #endif
 
-// x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, out (M, N) float32.
-// Returns 0, -1 for an unknown qtype or K not a multiple of 32, -2 without memory.
-int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
-             int64_t qtype) {
-    const int bs = block_bytes(qtype);
-    if (bs == 0 || K % QK != 0 || M < 1 || N < 1) return -1;
-    if (M < GEMV_ROWS) return gemv(x, w, out, M, N, K, qtype);
-    const int64_t nb = K / QK, row_bytes = nb * bs, tiles = (N + TILE - 1) / TILE;
+// The batched GEMM (batch 6 and up): out^T = W x^T. Each thread takes NR output rows at a
+// time, unpacks their blocks once (NR * K floats, in L1/L2) and runs them against every chunk
+// of rows of x, which is transposed once per call into (K, chunk) panels. The micro-kernel
+// holds NR x 2 vectors of sums in registers; per k it loads two vectors of x and broadcasts
+// each row's one weight: 2 NR multiply-adds for NR + 2 loads, so it is bound by arithmetic.
+// A last chunk of one vector's rows or fewer runs on one vector (half the padding).
+#if defined(__AVX512F__)
+enum { VW = 16, NR = 12 };  // 24 of the 32 zmm registers hold sums
+#elif defined(__AVX2__)
+enum { VW = 8, NR = 6 };  // 12 of the 16 ymm registers
+#else
+enum { VW = 4, NR = 6 };  // 128-bit vectors (SSE, NEON): 12 registers
+#endif
+enum { MC = 2 * VW, KC = 128 };  // rows of x per chunk; k per pass (wt and xt's share in L1)
+typedef float vf __attribute__((vector_size(VW * 4)));
+
+// res[r][l] (+)= sum over k0 <= k < k1 of wt[r][k] xt[k][l], for l < nv * VW: output row r,
+// row l of the chunk (res's rows are MC apart).
+static inline __attribute__((always_inline)) void micro_kernel(
+        const float *restrict xt, const float *restrict wt, int64_t K, int64_t k0, int64_t k1,
+        float *restrict res, const int nv) {
+    vf acc[NR][2];
+    if (k0 == 0) memset(acc, 0, sizeof(acc));
+    else memcpy(acc, res, sizeof(acc));
+    for (int64_t k = k0; k < k1; k++) {
+        vf x0, x1;
+        memcpy(&x0, xt + k * nv * VW, sizeof(vf));
+        if (nv == 2) memcpy(&x1, xt + k * nv * VW + VW, sizeof(vf));
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; r++) {
+            const float w = wt[r * K + k];
+            acc[r][0] += x0 * w;
+            if (nv == 2) acc[r][1] += x1 * w;
+        }
+    }
+    memcpy(res, acc, sizeof(acc));
+}
+
+// The chunk of x from row m0 (MC rows, or VW for a last one of VW rows or fewer).
+static inline int64_t chunk_rows(int64_t M, int64_t m0) { return M - m0 > VW ? MC : VW; }
+
+// A buffer of at least n floats, kept by the calling thread for its next call: a fresh one per
+// call would be mapped and faulted in each time (xt passes malloc's mmap threshold at K 1536).
+static float *scratch(int which, int64_t n) {
+    static __thread float *buf[2];
+    static __thread int64_t cap[2];
+    if (n > cap[which]) {
+        free(buf[which]);
+        buf[which] = aligned_alloc(64, sizeof(float) * ((n + 15) / 16 * 16));  // 64-byte lines
+        cap[which] = buf[which] == NULL ? 0 : n;
+    }
+    return buf[which];
+}
+
+// x's chunks, each (K, chunk rows) from xt + m0 * K, zero past row M.
+static float *transpose_chunks(const float *x, int64_t M, int64_t K) {
+    float *xt = scratch(0, K * ((M + MC - 1) / MC * MC));
+    if (xt == NULL) return NULL;
+    for (int64_t m0 = 0; m0 < M; m0 += chunk_rows(M, m0)) {
+        const int64_t rows = chunk_rows(M, m0);
+        for (int64_t l = 0; l < rows; l++)
+            for (int64_t k = 0; k < K; k++)
+                xt[m0 * K + k * rows + l] = m0 + l < M ? x[(m0 + l) * K + k] : 0.f;
+    }
+    return xt;
+}
+
+// Output rows n0 .. n0 + rows (unpacked in wt) for every row of x.
+static void tile_rows(const float *xt, const float *wt, float *out, int64_t M, int64_t N,
+                      int64_t K, int64_t n0, int64_t rows) {
+    float res[NR * MC];
+    for (int64_t m0 = 0; m0 < M; m0 += chunk_rows(M, m0)) {
+        const int64_t width = chunk_rows(M, m0);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t k1 = k0 + KC < K ? k0 + KC : K;
+            if (width == MC) micro_kernel(xt + m0 * K, wt, K, k0, k1, res, 2);
+            else micro_kernel(xt + m0 * K, wt, K, k0, k1, res, 1);
+        }
+        for (int64_t l = 0; l < width && m0 + l < M; l++)
+            for (int64_t r = 0; r < rows; r++) out[(m0 + l) * N + n0 + r] = res[r * MC + l];
+    }
+}
+
+static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
+                int64_t qtype) {
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype), tiles = (N + NR - 1) / NR;
+    float *xt = transpose_chunks(x, M, K);
+    if (xt == NULL) return -2;
     int failed = 0;
 #pragma omp parallel
     {
-        float *wt = malloc(sizeof(float) * TILE * K);
+        float *wt = scratch(1, NR * K);
         if (wt == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -237,13 +283,20 @@ int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N,
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             if (wt == NULL) continue;
-            const int64_t n0 = t * TILE;
-            const int rows = (int)(N - n0 < TILE ? N - n0 : TILE);
-            for (int r = 0; r < rows; r++)
+            const int64_t n0 = t * NR, rows = N - n0 < NR ? N - n0 : NR;
+            for (int64_t r = 0; r < rows; r++)
                 unpack_row(w + (n0 + r) * row_bytes, qtype, nb, wt + r * K);
-            tile_dot(x, wt, out, M, N, K, n0, rows);
+            if (rows < NR) memset(wt + rows * K, 0, sizeof(float) * (NR - rows) * K);
+            tile_rows(xt, wt, out, M, N, K, n0, rows);
         }
-        free(wt);
     }
     return failed ? -2 : 0;
+}
+
+// x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, out (M, N) float32.
+// Returns 0, -1 for an unknown qtype or K not a multiple of 32, -2 without memory.
+int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
+             int64_t qtype) {
+    if (block_bytes(qtype) == 0 || K % QK != 0 || M < 1 || N < 1) return -1;
+    return M < GEMV_ROWS ? gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
 }
