@@ -1,6 +1,10 @@
 """Grade one file against an exercise's tests: each test in its own child process, with a time
 limit and a memory limit, followed by a sweep for what it left behind.
 
+The children are forked by a zygote (zygote.py) that imported the tests' modules once, torch
+included, so a test starts in milliseconds; the learner's module and tests.py itself are still
+loaded afresh in each child.
+
 The child gets a private TMPDIR and its own resource prefix (resource_names), so the sweep
 blames only what the learner's code made. The judge is a child subreaper: a process that
 escapes the child's group (double fork, setsid, exec with an empty environment) re-parents to
