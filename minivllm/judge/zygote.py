@@ -106,7 +106,8 @@ class Zygote:
     """One per grade: the judge's side of the socket, and the zygote's process."""
 
     def __init__(self, tests_path: str, env: dict[str, str]):
-        self.sock, theirs = socket.socketpair()
+        # SEQPACKET: a request (and its fds) arrives whole in one recv
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-m", "minivllm.judge.zygote", tests_path],
                                      stdin=theirs, env=env, start_new_session=True)
         theirs.close()
@@ -153,7 +154,7 @@ class Zygote:
 
 
 def main(argv: list[str]) -> int:
-    sock = socket.socket(fileno=os.dup(0))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
