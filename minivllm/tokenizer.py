@@ -17,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 from minivllm.model.gguf_file import GGUFFile
-from minivllm.model.loader import is_gguf
+from minivllm.model.paths import is_gguf
 
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's token types: 3 is a special (control) token
 TOKEN_TYPE_USER_DEFINED = 4

@@ -46,12 +46,16 @@ def pack_into(chunk, frames) -> bool:
 
 
 def unpack(chunk) -> list[bytes] | None:
-    """The frames, copied out of the chunk; None if the chunk is an overflow marker."""
+    """The frames, copied out of the chunk; None if the chunk is an overflow marker;
+    ValueError if the lengths reach past the chunk's end (it was never packed, or torn)."""
     overflow, count = HEADER.unpack_from(chunk, 0)
     if overflow:
         return None
-    lengths = struct.unpack_from(f"<{count}I", chunk, HEADER.size)
+    lengths = struct.unpack_from(f"<{count}I", chunk, HEADER.size)  # unsigned: up to 4 GiB
     offset = HEADER.size + LENGTH_BYTES * count
+    if offset + sum(lengths) > memoryview(chunk).nbytes:
+        raise ValueError(f"frame lengths {list(lengths)} reach past the end of this "
+                         f"{memoryview(chunk).nbytes}-byte chunk")
     frames = []
     for n in lengths:
         frames.append(bytes(chunk[offset:offset + n]))  # a copy: the chunk will be reused

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 SHARDS = 3  # on 2 cores: the judge stretches its time limits with the load it sees
 
@@ -30,8 +31,10 @@ def check(kind: str, number: str, name: str) -> str | None:
     return selfcheck.check_variant(ex, variant)
 
 
-def run_all(keys: list[tuple[str, str, str]], shards: int = SHARDS) -> dict[tuple, str | None]:
-    """{key: problem} for every key, checked in `shards` processes (keys dealt round robin)."""
+def run_all(keys: list[tuple[str, str, str]], shards: int = SHARDS,
+            seconds: dict | None = None) -> dict[tuple, str | None]:
+    """{key: problem} for every key, checked in `shards` processes (keys dealt round robin);
+    `seconds`, if given, gets {key: how long its check took}."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(keys[i::shards])],
                               stdout=subprocess.PIPE, text=True, cwd=root)
@@ -43,14 +46,18 @@ def run_all(keys: list[tuple[str, str, str]], shards: int = SHARDS) -> dict[tupl
             if line.startswith("{"):
                 record = json.loads(line)
                 results[tuple(record["key"])] = record["problem"]
+                if seconds is not None:
+                    seconds[tuple(record["key"])] = record["seconds"]
     return results
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for key in json.loads(sys.argv[1]):
+        start = time.monotonic()
         try:
             problem = check(*key)
         except Exception as e:  # reported on its test, not lost with the shard
             problem = f"the check itself raised {type(e).__name__}: {e}"
-        print(json.dumps({"key": key, "problem": problem}), flush=True)
+        print(json.dumps({"key": key, "problem": problem,
+                          "seconds": round(time.monotonic() - start, 2)}), flush=True)

@@ -80,10 +80,15 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
 
 
 def main(argv: list[str]) -> int:
-    tests_path, impl_dir, module_name, test_name = argv
     fd = int(sys.stdin.readline())
-    os.set_inheritable(fd, False)  # processes the learner's code execs never hold it
     sys.stdin = open(os.devnull)
+    return serve(fd, argv)
+
+
+def serve(fd: int, argv: list[str]) -> int:
+    """Run the test and write its verdict to fd (also how minivllm.judge.zygote's forks run)."""
+    tests_path, impl_dir, module_name, test_name = argv
+    os.set_inheritable(fd, False)  # processes the learner's code execs never hold it
     name_default_segments()  # unnamed SharedMemory segments carry the judge's prefix
     limit = int(os.environ.get("MINIVLLM_JUDGE_MEMORY_MIB", 0)) << 20
     if limit:  # address space, for this process and all it starts

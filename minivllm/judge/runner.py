@@ -1,6 +1,10 @@
 """Grade one file against an exercise's tests: each test in its own child process, with a time
 limit and a memory limit, followed by a sweep for what it left behind.
 
+The children are forked by a zygote (zygote.py) that imported the tests' modules once, torch
+included, so a test starts in milliseconds; the learner's module and tests.py itself are still
+loaded afresh in each child.
+
 The child gets a private TMPDIR and its own resource prefix (resource_names), so the sweep
 blames only what the learner's code made. The judge is a child subreaper: a process that
 escapes the child's group (double fork, setsid, exec with an empty environment) re-parents to
@@ -30,9 +34,11 @@ import psutil
 from minivllm.judge import api
 from minivllm.judge.child import load_tests
 from minivllm.judge.exercise import ROOT, Exercise
+from minivllm.judge.zygote import ForkedTest, Zygote
 from minivllm.utils.leaks import Snapshot, become_subreaper, kill_processes
 from minivllm.utils.resource_names import PREFIX_ENV
 
+FORK_ENV = "MINIVLLM_JUDGE_FORK"  # "0": each test in a fresh interpreter, not forked warm
 RUN_MARKER = "MINIVLLM_JUDGE_RUN"  # in the child's environment: a second way to find escapees
 MEMORY_ENV = "MINIVLLM_JUDGE_MEMORY_MIB"
 MEMORY_MIB = int(os.environ.get(MEMORY_ENV, 4096))  # address space per process; torch needs ~1 GiB
@@ -81,21 +87,45 @@ def has_capability(name: str) -> bool:
 def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade:
     become_subreaper()
     result = Grade(ex, path)
-    _, specs = load_tests(str(ex.tests))
-    for spec in specs:
-        missing = [c for c in ex.requires + spec.requires if not has_capability(c)]
-        if missing:
-            result.results.append({"name": spec.name, "status": "skip", "input": spec.input,
-                                   "message": f"needs {', '.join(missing)}, which this machine lacks"})
-        elif stop_at_first_failure and result.failures:
-            result.results.append({"name": spec.name, "status": "not run", "input": spec.input,
-                                   "message": "not run: an earlier test failed"})
-        else:
-            result.results.append(run_test(ex, path, spec))
+    forks = _start_zygote(ex)
+    try:
+        listed = forks.specs() if forks else []
+        # the zygote imported the tests (torch and all) so that this process need not
+        specs = ([api.TestSpec(fn=None, **{**s, "requires": tuple(s["requires"])}) for s in listed]
+                 or load_tests(str(ex.tests))[1])
+        for spec in specs:
+            _grade_one(ex, path, spec, result, stop_at_first_failure, forks)
+    finally:
+        if forks:
+            forks.close()
     return result
 
 
-def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
+def _start_zygote(ex: Exercise) -> Zygote | None:
+    """The warm parent of this grade's test processes (minivllm.judge.zygote); None when
+    MINIVLLM_JUDGE_FORK=0 asks for a fresh interpreter per test."""
+    if os.environ.get(FORK_ENV, "1") == "0":
+        return None
+    env = dict(os.environ, **{PREFIX_ENV: f"minivllm-j{os.getpid()}zygote",
+                              "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+                                  "PYTHONPATH", "")]).rstrip(os.pathsep)})
+    return Zygote(str(ex.tests), env)
+
+
+def _grade_one(ex: Exercise, path: Path, spec: api.TestSpec, result: Grade,
+               stop_at_first_failure: bool, forks: Zygote | None) -> None:
+    missing = [c for c in ex.requires + spec.requires if not has_capability(c)]
+    if missing:
+        result.results.append({"name": spec.name, "status": "skip", "input": spec.input,
+                               "message": f"needs {', '.join(missing)}, which this machine lacks"})
+    elif stop_at_first_failure and result.failures:
+        result.results.append({"name": spec.name, "status": "not run", "input": spec.input,
+                               "message": "not run: an earlier test failed"})
+    else:
+        result.results.append(run_test(ex, path, spec, forks))
+
+
+def run_test(ex: Exercise, path: Path, spec: api.TestSpec, forks: Zygote | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"judge-{ex.number}-", dir=_short_temp_root()))
     try:
         shutil.copy(path, work / f"{ex.module_name}.py")
@@ -104,7 +134,7 @@ def run_test(ex: Exercise, path: Path, spec: api.TestSpec) -> dict:
         before = Snapshot(prefix, private_dirs=[str(work)],
                           socket_roots=[(tempfile.gettempdir(), 1)])
         token = uuid.uuid4().hex
-        res, out = _run_child(ex, spec, work, prefix, token)
+        res, out = _run_child(ex, spec, work, prefix, token, forks)
         _add_leaks(res, before, token)
         out.join()
         if res["status"] != "pass" and out.text.strip():
@@ -165,24 +195,27 @@ class _Tail(threading.Thread):
 
 
 def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
-               token: str) -> tuple[dict, _Tail]:
+               token: str, forks: Zygote | None) -> tuple[dict, _Tail]:
     scale = time_scale()
     env = dict(os.environ, **{RUN_MARKER: token, PREFIX_ENV: prefix, "TMPDIR": str(work / "tmp"),
                               MEMORY_ENV: str(MEMORY_MIB), TIME_SCALE_ENV: f"{scale:.2f}",
                               "PYTHONPATH": os.pathsep.join([str(work), str(ROOT)])})
     verdict_r, verdict_w = os.pipe()
     out_r, out_w = os.pipe()
-    cmd = [sys.executable, "-m", "minivllm.judge.child", str(ex.tests), str(work),
-           ex.module_name, spec.name]
+    argv = [str(ex.tests), str(work), ex.module_name, spec.name]
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out_w, stderr=out_w, env=env,
-                                start_new_session=True, cwd=work, pass_fds=(verdict_w,))
+        proc = forks.fork(argv, env, str(work), [out_w, verdict_w]) if forks else None
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, "-m", "minivllm.judge.child", *argv],
+                                    stdin=subprocess.PIPE, stdout=out_w, stderr=out_w, env=env,
+                                    start_new_session=True, cwd=work, pass_fds=(verdict_w,))
+            # the fd number: never in argv or the environment
+            proc.stdin.write(f"{verdict_w}\n".encode())
+            proc.stdin.close()
     finally:
         os.close(verdict_w)
         os.close(out_w)
     verdict, out = _Tail(verdict_r, 0, lines=2), _Tail(out_r, OUTPUT_TAIL_BYTES)
-    proc.stdin.write(f"{verdict_w}\n".encode())  # the fd number: never in argv or the environment
-    proc.stdin.close()
     limit = spec.timeout * scale
     hung = _wait(proc, verdict, limit)
     verdict.join(1.0)
@@ -198,7 +231,7 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
         return _died(spec, proc.returncode), out
 
 
-def _wait(proc: subprocess.Popen, verdict: _Tail, limit: float) -> str:
+def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> str:
     """Wait for the import, then for the test; kill the group at either limit. "" if in time."""
     def exited(timeout: float) -> bool:
         try:

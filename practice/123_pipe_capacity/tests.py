@@ -350,6 +350,78 @@ def transfer_end_to_end(impl):
     raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
 
 
+def _reaped(pid: int) -> bool:
+    """Whether the learner's code reaped this child (a zombie left for us reads False)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def _kill_and_reap(pid: int) -> None:
+    _signal(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
+    """writer.finish(timeout) in a thread: (what it did, seconds); a finish still waiting
+    scaled(8) s past its timeout is unblocked by killing the writer, and reported so."""
+    outcome, started, done = ["returned"], time.monotonic(), threading.Event()
+
+    def run():
+        try:
+            outcome[0] = f"returned {writer.finish(timeout)!r}"
+        except BaseException as e:  # what finish raised is the verdict
+            outcome[0] = f"{type(e).__name__}: {e}"
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    if not done.wait(timeout + scaled(8.0)):
+        _signal(writer.pid, signal.SIGKILL)
+        done.wait(WAIT_S)
+        return "hung", time.monotonic() - started
+    return outcome[0], time.monotonic() - started
+
+
+@test(input="Writer(64 MiB, 64 KiB) then finish() at once (the writer gets EPIPE and exits 1); "
+            "Writer(64 MiB, 64 KiB) stopped (SIGSTOP), then finish(timeout=0.5)", timeout=40)
+def finish_reports_errors(impl):
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    try:
+        got, _ = _finish_in_thread(writer, WAIT_S)
+        reaped = _reaped(writer.pid)
+    finally:
+        _kill_and_reap(writer.pid)
+    if not got.startswith("RuntimeError"):
+        raise Fail("finish() of a writer that exited with code 1 (its reader closed the pipe "
+                   "first: EPIPE) must raise RuntimeError; the count of a failed transfer "
+                   "means nothing", expected="RuntimeError: ...", got=got)
+    if not reaped:
+        raise Fail("finish() raised RuntimeError but left the writer unreaped: wait4 first, "
+                   "then look at its exit status")
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    os.kill(writer.pid, signal.SIGSTOP)  # alive, and never exits by itself
+    try:
+        got, took = _finish_in_thread(writer, 0.5)
+        reaped = _reaped(writer.pid)
+    finally:
+        _kill_and_reap(writer.pid)
+    if got == "hung":
+        raise Fail(f"finish(timeout=0.5) of a stopped writer had not returned {took:.1f} s "
+                   "later, when the judge killed the writer: wait with a deadline (wait4 with "
+                   "WNOHANG in a loop), not a blocking wait")
+    if not got.startswith("TimeoutError"):
+        raise Fail("finish(timeout=0.5) of a writer that never exits must raise TimeoutError",
+                   expected="TimeoutError: ...", got=got)
+    if not reaped:
+        raise Fail("finish(timeout=0.5) raised TimeoutError but left the writer running: "
+                   "kill it with SIGKILL (a stopped process does not act on SIGTERM) and reap "
+                   "it before raising", got=got)
+
+
 class _StoppedWriter:
     """While active, every os.fork() in this process leaves the child stopped (SIGSTOP sent
     before fork returns to the parent), and a thread lets it run for a moment every TRICKLE_S

@@ -193,6 +193,43 @@ def engine_gives_up(impl):
                 "with no front end and idle_timeout=0.5")
 
 
+@test(input="run_engine(1, ...) in a process; the judge's ROUTER, no PULL bound yet; ADD o1, "
+            "ADD o2, STOP; the PULL is bound once the engine's DEALER has disconnected",
+      timeout=25)
+def outputs_leave_after_stop(impl):
+    ctx, d = zmq.Context(), IpcDir()
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    for s in (router, pull):
+        s.setsockopt(zmq.LINGER, 0)
+    monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    router.bind(d.path("in"))
+    proc = _engine_process(impl, 1, d)
+    try:
+        if not router.poll(int(START_S * 1000)):
+            raise Fail(f"no READY from engine 1 within {START_S:g} s")
+        router.recv_multipart()
+        for frames in ([b"ADD", b"o1", b"ab"], [b"ADD", b"o2", b"cd"], [b"STOP"]):
+            router.send_multipart([ID[1], *frames])
+        # The engine answers both ADDs into its PUSH, whose peer does not exist yet, so the
+        # outputs wait in the PUSH's queue; then it stops and closes. Only then the PULL binds.
+        if not monitor.poll(int(STOP_S * 1000)):
+            raise Fail(f"engine 1 had not closed its DEALER {STOP_S:g} s after STOP")
+        pull.bind(d.path("out"))
+        got = [pull.recv_multipart()[1].decode() for _ in range(2) if pull.poll(int(WAIT_S * 1000))]
+        if got != ["o1", "o2"]:
+            raise Fail("the outputs the engine had queued before STOP were lost when it closed "
+                       "its PUSH: give the PUSH a linger of OUTPUT_LINGER_MS (a linger of 0 "
+                       "drops whatever has not left yet)", expected=["o1", "o2"], got=got)
+        _finish(proc, "after STOP and its outputs")
+    finally:
+        kill_if_alive(proc)
+        router.disable_monitor()
+        for s in (monitor, router, pull):
+            s.close()
+        ctx.term()
+        d.close()
+
+
 @test(input="FrontEnd(n_engines=3); engines 0, 1, 2 connect 0.3, 0.6, 0.9 s late; "
             "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'", timeout=20)
 def waits_for_every_engine(impl):

@@ -38,6 +38,7 @@ def pack_into(chunk, frames) -> bool:
 
 
 def unpack(chunk) -> list[bytes] | None:
-    """The frames, copied out of the chunk; None if the chunk is an overflow marker."""
+    """The frames, copied out of the chunk; None if the chunk is an overflow marker;
+    ValueError if the lengths reach past the chunk's end (it was never packed, or torn)."""
     # TODO
     raise NotImplementedError

@@ -92,6 +92,30 @@ def copy_out(impl):
                    expected=[b"first message"], got=got)
 
 
+@test(input="64-byte chunks with crafted headers: 1 frame of length 0x80000005; 2 frames of "
+            "lengths 5 and 0xFFFFFFFF; and, for comparison, 1 frame of length 61 (it fits)")
+def lengths_are_unsigned(impl):
+    ok = _packed([bytes(range(61))])  # 3 + 4 + 61 = 64 bytes: fills the chunk exactly
+    check_equal(impl.unpack(bytearray(ok)), [bytes(range(61))], "unpack of a full 64-byte chunk")
+    for lengths in ([0x8000_0005], [5, 0xFFFF_FFFF]):
+        header = bytes([0]) + len(lengths).to_bytes(2, "little")
+        header += b"".join(n.to_bytes(4, "little") for n in lengths)
+        chunk = bytearray(header + bytes(64 - len(header)))
+        shown = ", ".join(f"{n:#x}" for n in lengths)
+        try:
+            got = impl.unpack(chunk)
+        except ValueError:
+            continue
+        except Exception as e:  # struct.error, IndexError...: a crash, not the error asked for
+            got = f"{type(e).__name__}: {e}"
+        raise Fail(f"unpack of a 64-byte chunk whose header gives frame lengths [{shown}] must "
+                   f"raise ValueError: they reach past the chunk's end. The lengths are unsigned "
+                   f"u32 ('<I'): {lengths[-1]:#x} is {lengths[-1]:,} bytes; read as signed ('<i') "
+                   f"it is {lengths[-1] - (1 << 32):,}, and the frames come out of the wrong "
+                   f"bytes", expected="ValueError", got=got,
+                   input=f"header {header.hex(' ')}, then zeros up to 64 bytes")
+
+
 @test(input="65,535 empty frames (the most a u16 counts), then 65,536 and 70,000, a 1 MiB chunk")
 def too_many_frames(impl):
     most = [b""] * 65_535

@@ -205,3 +205,66 @@ def no_torn_update(impl):
                        "engine had copied (the receiver must copy first, then ack; the sender "
                        "must not return before the ack)", expected=expected, got=got)
     with_engine(impl, SLOW_COPY_S, body)
+
+
+class _TimeoutsElapse:
+    """The trainer's end of the pipe, where every poll(t) with a limit answers at once, as
+    if t had passed: the schedule of an engine slower than any limit the trainer picked."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def poll(self, timeout=0.0):
+        return self._conn.poll(None if timeout is None else 0)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+@test(input="one round in this process; the engine holds before copying until the judge lets "
+            "go; each poll(t) on the trainer's end answers at once, as if t had passed",
+      timeout=30)
+def ack_wait_has_no_limit(impl):
+    ws = weights()
+    KEEP.append(ws)  # freed only at exit (see engine_copies_in_place)
+    target = {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in ws.items()}
+    a, b = mp.Pipe()
+    holding, release, returned = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold():
+        holding.set()
+        release.wait(ENGINE_WAIT_S)
+
+    def run(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            returned.set() if fn is impl.send_weights else None
+    threads = [threading.Thread(target=run, args=(impl.send_weights, _TimeoutsElapse(a), ws),
+                                daemon=True),
+               threading.Thread(target=run, args=(impl.receive_weights, b, target, hold),
+                                daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        if not holding.wait(ENGINE_WAIT_S):
+            raise Fail(f"the engine's before_copy was not called within {ENGINE_WAIT_S:g} s of "
+                       "the round's start")
+        early = returned.wait(scaled(1.0))
+    finally:
+        release.set()
+        for t in threads:
+            t.join(ENGINE_WAIT_S)
+        a.close()
+        b.close()
+    if early and not errors:
+        raise Fail("send_weights returned while the engine was still copying and had not "
+                   "acked: it waited for the ack with a time limit, then went on as if it had "
+                   "come. The lifetime rule has no limit: wait for b'ack' itself "
+                   "(conn.recv_bytes()), however slow the engine is",
+                   got="returned before the ack")
+    if errors:
+        raise errors[0]

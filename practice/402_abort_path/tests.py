@@ -235,6 +235,26 @@ def abort_right_after_add(impl):
         check_equal(sorted(h.finished), ["r0", "r1"], "finished_requests")
 
 
+@test(input="8 blocks of 4 tokens; the model holds step 1 (rh: 1 block); meanwhile ADD r0 "
+            "(2 blocks), r1 (6 blocks), r2 (1 block), in that order")
+def admits_in_order(impl):
+    model = GatedModel(lambda n, batch: n == 1)
+    with Harness(impl, model, 8) as h:
+        h.during_held_step(("rh", 1, 3), adds=[("r0", 4, 4), ("r1", 4, 20), ("r2", 1, 2)])
+        h.collect(lambda: {"rh", "r0", "r1", "r2"} <= set(h.finished), "all four to finish",
+                  timeout=WAIT_S * 2)
+        check_equal(sorted(model.calls[1]), ["r0", "rh"],
+                    "the requests in step 2 (7 blocks free: r0 takes 2; r1 needs 6 of the 5 "
+                    "left and waits, and r2, behind it, waits too: waiting requests are "
+                    "admitted in order, and admission stops at the first that does not fit)")
+        first = [next(i for i, c in enumerate(model.calls) if r in c) for r in ("r1", "r2")]
+        if first[0] > first[1]:
+            raise Fail("r2 ran before r1, which was added before it: admit in arrival order",
+                       got={"first step of r1": first[0], "first step of r2": first[1]})
+        for rid, plen, mt in [("r0", 4, 4), ("r1", 4, 20), ("r2", 1, 2)]:
+            _expect_tokens(h, rid, plen, mt)
+
+
 @test(input="3 blocks; r0 takes all 3; r1 waits for blocks; during r0's step 2: ABORT "
             "['r1', 'ghost'] and ABORT ['r1']; after r0 finished: ABORT ['r0']")
 def abort_waiting_is_idempotent(impl):
@@ -257,26 +277,6 @@ def abort_waiting_is_idempotent(impl):
         check_equal(ran, [], "model calls with r1 (aborted before it got blocks)")
         _expect_tokens(h, "r0", 4, 8)
         check_equal(h.engine.block_pool.num_free, 3, "block_pool.num_free at the end")
-
-
-@test(input="8 blocks of 4 tokens; the model holds step 1 (rh: 1 block); meanwhile ADD r0 "
-            "(2 blocks), r1 (6 blocks), r2 (1 block), in that order")
-def admits_in_order(impl):
-    model = GatedModel(lambda n, batch: n == 1)
-    with Harness(impl, model, 8) as h:
-        h.during_held_step(("rh", 1, 3), adds=[("r0", 4, 4), ("r1", 4, 20), ("r2", 1, 2)])
-        h.collect(lambda: {"rh", "r0", "r1", "r2"} <= set(h.finished), "all four to finish",
-                  timeout=WAIT_S * 2)
-        check_equal(sorted(model.calls[1]), ["r0", "rh"],
-                    "the requests in step 2 (7 blocks free: r0 takes 2; r1 needs 6 of the 5 "
-                    "left and waits, and r2, behind it, waits too: waiting requests are "
-                    "admitted in order, and admission stops at the first that does not fit)")
-        first = [next(i for i, c in enumerate(model.calls) if r in c) for r in ("r1", "r2")]
-        if first[0] > first[1]:
-            raise Fail("r2 ran before r1, which was added before it: admit in arrival order",
-                       got={"first step of r1": first[0], "first step of r2": first[1]})
-        for rid, plen, mt in [("r0", 4, 4), ("r1", 4, 20), ("r2", 1, 2)]:
-            _expect_tokens(h, rid, plen, mt)
 
 
 @test(input="r0 finished; the front end closes its PULL; ADD r1 (3 tokens), whose outputs "

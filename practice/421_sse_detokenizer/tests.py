@@ -16,7 +16,7 @@ import socket
 import threading
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
-from minivllm.model.loader import default_model_path
+from minivllm.model.paths import default_model_path
 from minivllm.tokenizer import Tokenizer
 
 WAIT_S = scaled(10.0)  # a socket read that waits this long has lost its data
