@@ -102,10 +102,11 @@ class ServerMetrics:
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)
             self.ttft.observe(since_start)
-        else:  # several tokens in one output (a stop string, a late read): split the gap
-            gap = since_last / num_new
-            for _ in range(num_new):
-                self.itl.observe(gap)
+            gaps = [0.0] * (num_new - 1)  # more tokens in the first output (a late read):
+        else:                             # they came with the first, as a client sees them
+            gaps = [since_last / num_new] * num_new  # several in one output: split the gap
+        for gap in gaps:  # every token but a request's first has an ITL
+            self.itl.observe(gap)
 
     def observe_finished(self, e2e: float) -> None:
         self.e2e.observe(e2e)
