@@ -13,8 +13,8 @@ Several API servers (`serve --api-server-count N`) answer /metrics in turn, so e
 the sum over all of them: the launcher sets MULTIPROC_ENV to a folder before it starts them
 (shared_metrics_dir), every process writes its values to files there (prometheus_client's
 multiprocess mode), and a scrape adds them up. Counters and histograms sum; the engine gauges
-take the most recent value. vLLM does the same: vllm/v1/metrics/prometheus.py (setup_multiprocess_prometheus)
-(setup_multiprocess_prometheus).
+take the most recent value. vLLM does the same: setup_multiprocess_prometheus in
+vllm/v1/metrics/prometheus.py.
 """
 
 from __future__ import annotations
@@ -102,10 +102,12 @@ class ServerMetrics:
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)
             self.ttft.observe(since_start)
-            gaps = [0.0] * (num_new - 1)  # more tokens in the first output (a late read):
-        else:                             # they came with the first, as a client sees them
-            gaps = [since_last / num_new] * num_new  # several in one output: split the gap
-        for gap in gaps:  # every token but a request's first has an ITL
+            # More tokens in the first output (a late read) came with the first, as a
+            # client sees them: a gap of 0 each, so every token but the first has an ITL.
+            gaps = [0.0] * (num_new - 1)
+        else:  # several tokens in one output (a stop string, a late read): split the gap
+            gaps = [since_last / num_new] * num_new
+        for gap in gaps:
             self.itl.observe(gap)
 
     def observe_finished(self, e2e: float) -> None:
