@@ -23,6 +23,7 @@ from minivllm.distributed.parallel_state import TPGroup, get_tp_group
 from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig
+from minivllm.model.decode_step import DecodeStep
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
@@ -121,6 +122,7 @@ class LlamaModel:
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
         op_selection.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
+        self.decode_step = DecodeStep.for_model(self)  # the layers in one C call, where they can
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -128,6 +130,10 @@ class LlamaModel:
         c = self.config
         n, eps = input_ids.shape[0], c.rms_norm_eps
         x = self.embed_tokens(input_ids).contiguous()  # the residual stream
+        if self.decode_step is not None:  # decodes only: every layer in one C call
+            h = self.decode_step.run(x, positions, kv_caches, meta)
+            if h is not None:
+                return h
         # norm weights are folded into qkv and gate_up (None here), except on blocks
         h = custom_ops.rms_norm(x, self.layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
