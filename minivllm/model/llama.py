@@ -22,7 +22,7 @@ import torch
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
 from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
-from minivllm.model.config import ModelConfig
+from minivllm.model.config import ModelConfig, check_tensor_parallel_size, kv_bytes_per_token
 from minivllm.model.decode_step import DecodeStep
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
@@ -184,8 +184,7 @@ class LlamaModel:
     @staticmethod
     def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         """All ranks together: with tensor parallelism each holds 1 / N of it."""
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+        return kv_bytes_per_token(config, torch.empty(0, dtype=dtype).element_size())
 
 
 def stored_bytes(linear: Linear | QuantLinear) -> int:
@@ -193,17 +192,3 @@ def stored_bytes(linear: Linear | QuantLinear) -> int:
     if isinstance(linear, QuantLinear):
         return linear.weight.data.nbytes
     return linear.weight.nbytes
-
-
-def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:
-    """Each rank must hold whole query heads, whole KV heads and an equal slice of the MLP
-    (vLLM would replicate KV heads past their count; minivllm does not)."""
-    dims = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
-            "intermediate_size": config.intermediate_size}
-    if size >= 1 and all(d % size == 0 for d in dims.values()):
-        return
-    works = [k for k in range(1, config.num_kv_heads + 1) if all(d % k == 0 for d in dims.values())]
-    shape = ", ".join(f"{k} {v}" for k, v in dims.items())
-    raise ValueError(f"tensor_parallel_size={size} does not split this model ({shape}): each rank "
-                     f"needs whole heads, whole KV heads and an equal MLP slice, so the size must "
-                     f"divide all three. Sizes that work: {', '.join(map(str, works))}")
