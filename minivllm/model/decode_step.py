@@ -33,13 +33,13 @@ LAYER_FIELDS = 12  # decode_step.c's per-layer table
 
 
 class DecodeStep:
-    """The layer table is built once per KV cache (pointers into the model's tensors, which live
-    as long as the model); the scratch buffers for the most rows a step has had, smaller steps
-    using their first rows."""
+    """The layer table (pointers into the model's tensors, which live as long as the model, and
+    into the KV caches, whose addresses every step checks) is built once per cache; the scratch
+    buffers once for the most rows a step has had, smaller steps using their first rows."""
 
     def __init__(self, model) -> None:
         self.model = model
-        self._table: tuple[int, ctypes.Array] | None = None  # (first cache's address, table)
+        self._table: tuple[tuple[int, ...], ctypes.Array] | None = None  # (cache addresses, table)
         self._scratch: tuple[int, list[torch.Tensor], ctypes.Array] | None = None
 
     @staticmethod
@@ -89,8 +89,8 @@ class DecodeStep:
         return h
 
     def _layer_table(self, kv_caches: list[torch.Tensor]) -> ctypes.Array:
-        first = kv_caches[0].data_ptr()
-        if self._table is None or self._table[0] != first:
+        addresses = tuple(cache.data_ptr() for cache in kv_caches)  # reallocated: a new table
+        if self._table is None or self._table[0] != addresses:
             d = self.model.config.head_dim
             fields = []
             for layer, cache in zip(self.model.layers, kv_caches):
@@ -98,7 +98,7 @@ class DecodeStep:
                     fields += [mat.weight.data.data_ptr(), int(mat.weight.qtype)]
                 fields += [layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
                            key_blocks(cache, d).data_ptr(), value_blocks(cache, d).data_ptr()]
-            self._table = (first, (ctypes.c_int64 * len(fields))(*fields))
+            self._table = (addresses, (ctypes.c_int64 * len(fields))(*fields))
         return self._table[1]
 
     def _buffers(self, n: int) -> ctypes.Array:
