@@ -1,17 +1,20 @@
 """A decode step's decoder layers in one C call (csrc/decode_step.c), where they can run so.
 
-At batch 1 the forward is ~300 kernel calls of a few microseconds each, and the Python around
+At batch 1 the forward is about 280 kernel calls of a few microseconds each, and the Python around
 each call (dispatch, an output tensor, argument conversion) costs about as much again, so half
 of a step was not arithmetic. On a GPU vLLM removes this launch overhead by replaying the step
 as a CUDA graph (capture_model, vllm/v1/worker/gpu_model_runner.py:6417); its CPU backend has no
 graphs (use_cuda_graph = False, vllm/v1/worker/cpu_model_runner.py:34) and compiles the model
 with torch.compile instead (warming_up_model, :84). minivllm's equivalent is a loop in C over
-the same kernels, in the same order, on the same buffers: the same numbers to the bit.
+the same kernels, in the same order, on the same buffers: the numbers of the C ops run one by
+one, to the bit.
 
 It runs a step when everything the loop needs is there: one rank (no all-reduce between the
 ops), float32, every layer matrix in a GGUF's blocks (quant_linear.py), the C ops built, a step
-of decodes only, and op_choice saying C for each op at this many rows. Otherwise, and with
-MINIVLLM_DECODE_STEP=ops, llama.py runs the ops one by one.
+of decodes only, and op_choice saying C for q_linear at this many rows (the matmuls are most of
+the step). The small ops then run in C even where op_selection.py measured torch's version a
+little faster: that measurement includes the Python call each op pays, which the loop does not.
+Otherwise, and with MINIVLLM_DECODE_STEP=ops, llama.py runs the ops one by one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from minivllm.model.kv_layout import key_blocks, value_blocks
 from minivllm.model.quant_linear import QuantLinear
 
 ENV = "MINIVLLM_DECODE_STEP"  # "c" (the default) or "ops": the op-by-op forward
-OPS = ("q_linear", "add_rms_norm", "rope_and_cache", "paged_decode", "silu_and_mul")
 LAYER_FIELDS = 12  # decode_step.c's per-layer table
 
 
@@ -62,7 +64,7 @@ class DecodeStep:
         n = x.shape[0]
         if meta.num_decodes != n or meta.prefills or n == 0:
             return None
-        if not all(op_choice.runs_in_c(op, n) for op in OPS):
+        if not op_choice.runs_in_c("q_linear", n):
             return None
         m, c = self.model, self.model.config
         keys = key_blocks(kv_caches[0], c.head_dim)
