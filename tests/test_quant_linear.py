@@ -25,7 +25,8 @@ from tiny_model import assert_greedy_match
 from minivllm import LLM
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
-from minivllm.model import csrc_build, custom_ops
+from minivllm.model import csrc_build, custom_ops, decode_step, op_choice
+from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import Linear
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
@@ -187,3 +188,64 @@ def test_three_ranks_on_the_blocks_give_the_in_process_outputs():
         worst = float(((s3 - s1).abs() / s1.abs().amax(dim=1, keepdim=True)).max())
         assert worst <= LOGIT_RTOL, f"TP=3 logits differ by {worst:.3g} of their largest"
         assert_greedy_match(ref, ours, s1[len(p) - 1:-1], NEAR_TIE, f"prompt of {len(p)}")
+
+
+def decode_batch(model, batch: int, block_size: int = 16):
+    """A decode step for `batch` sequences of distinct lengths over a random cache."""
+    lens = [9 + 13 * i for i in range(batch)]  # the new token included
+    per = -(-max(lens) // block_size)
+    gen = torch.Generator().manual_seed(batch)
+    caches = model.allocate_kv_cache(batch * per, block_size)
+    for cache in caches:
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+    tables = torch.randperm(batch * per, generator=gen).view(batch, per)
+    positions = torch.tensor(lens) - 1
+    slots = tables.gather(1, (positions // block_size)[:, None])[:, 0] * block_size
+    meta = AttentionMetadata(slot_mapping=slots + positions % block_size, num_decodes=batch,
+                             decode_block_tables=tables, decode_seq_lens=torch.tensor(lens))
+    ids = torch.randint(100, model.config.vocab_size, (batch,), generator=gen)
+    return ids, positions, caches, meta
+
+
+@pytest.fixture
+def c_ops():
+    """Every op in C, whatever this CPU's measurements chose (op_selection.py)."""
+    if csrc_build.load() is None:
+        pytest.skip("the C ops are not built here")
+    chosen = op_choice.table()
+    op_choice.set_table("c")
+    yield
+    op_choice.set_table(chosen)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 6, 32])  # 1-5 rows: the GEMV; 6+: the GEMM
+def test_the_decode_step_in_c_gives_the_op_by_op_hidden_states_and_cache(runs, c_ops, batch):
+    model = runs[None][2]
+    step = model.decode_step
+    assert step is not None, "the bundled GGUF on one rank should run its decode steps in C"
+    ids, positions, caches, meta = decode_batch(model, batch)
+    before = [c.clone() for c in caches]
+    with torch.inference_mode():
+        x = model.embed_tokens(ids).contiguous()
+        hidden = step.run(x, positions, caches, meta)
+        assert hidden is not None, "a step of decodes only ran op by op"
+        written = [c.clone() for c in caches]
+        for cache, old in zip(caches, before):
+            cache.copy_(old)
+        model.decode_step = None
+        try:
+            reference = model.forward(ids, positions, caches, meta)
+        finally:
+            model.decode_step = step
+    assert torch.equal(hidden, reference), "the C loop's hidden states differ from the ops'"
+    assert all(torch.equal(a, b) for a, b in zip(written, caches)), "the caches differ"
+
+
+def test_the_decode_step_leaves_prefills_and_ops_mode_to_the_ops(runs, c_ops, monkeypatch):
+    model = runs[None][2]
+    ids, positions, caches, meta = decode_batch(model, 2)
+    x = model.embed_tokens(ids).contiguous()
+    meta.num_decodes = 1  # the second token is a prefill's
+    assert model.decode_step.run(x, positions, caches, meta) is None
+    monkeypatch.setenv(decode_step.ENV, "ops")
+    assert decode_step.DecodeStep.for_model(model) is None

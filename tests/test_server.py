@@ -381,3 +381,12 @@ def test_metrics_count_known_traffic_by_outcome(server, client):
     itl = delta["inter_token_latency_seconds_count"]
     assert itl == delta["generation_tokens_total"] - 5  # every token but each request's first
     assert after["num_requests_running"] == after["num_requests_waiting"] == 0
+
+
+def test_the_api_server_process_does_not_load_torch(server, client):
+    """Only the engine core runs the model: torch in the front end would cost ~180 MiB of RSS
+    for nothing (it was loaded through EngineConfig's imports once)."""
+    client.models.list()  # the server is up and has served a request
+    with open(f"/proc/{server.pid}/maps") as f:
+        torch_libs = {line.split()[-1] for line in f if "/torch/" in line}
+    assert not torch_libs, f"the API server process maps torch: {sorted(torch_libs)[:3]}"

@@ -55,6 +55,26 @@ def _process_cpu_s(pid: int) -> float:
     return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds used so far by a process and its descendants (live, or reaped by a member)."""
+    if pid is None:
+        return None
+    return sum(_process_cpu_s(p) for p in [pid, *_descendants(pid)])
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and its descendants now, MiB (shared pages counted once
+    per process, as `ps` does: an upper bound for a tree that shares memory)."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    return total / 2**20
+
+
 def own_cpu_s() -> float:
     """CPU seconds of this process, of its reaped children and of every live descendant."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

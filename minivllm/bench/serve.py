@@ -34,6 +34,7 @@ import numpy as np
 from minivllm.bench import _openai_client as client
 from minivllm.bench._openai_client import Endpoint, RequestResult, first_model
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
+from minivllm.bench.load import tree_cpu_s, tree_rss_mib
 from minivllm.entrypoints.openai.server_process import ServerProcess
 
 SEED = 0
@@ -145,36 +146,6 @@ def summarize(kind: str, concurrency: int, results: list[RequestResult], wall: f
     if client_cpu_s is not None:
         row["client_cpu"] = client_cpu_s / wall  # cores the load generator kept busy
     return row
-
-
-def _tree(pid: int) -> list:
-    import psutil
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def tree_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system) used so far by a process and its live descendants."""
-    if pid is None:
-        return None
-    import psutil
-    total = 0.0
-    for p in _tree(pid):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and its descendants now, MiB (shared pages counted once
-    per process, as `ps` does: an upper bound for a tree that shares memory)."""
-    import psutil
-    total = 0
-    for p in _tree(pid):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
-    return total / 2**20
 
 
 def serve_run(endpoint: Endpoint, label: str, prompts: list[list[int]], output_len: int,

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from minivllm.model.config import (ModelConfig, check_quantization, check_tensor_parallel_size,
+                                   kv_bytes_per_token, load_config)
+from minivllm.model.paths import default_model_path
 
-from minivllm.model.config import ModelConfig
-from minivllm.model.llama import LlamaModel, check_tensor_parallel_size
-from minivllm.model.loader import check_quantization, default_model_path, load_config
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": 4, "bfloat16": 2}  # bytes an element; torch is imported only to run
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
 
 
@@ -91,7 +93,7 @@ class EngineConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return LlamaModel.kv_bytes_per_token(self.model_config, self.torch_dtype)
+        return kv_bytes_per_token(self.model_config, DTYPES[self.dtype])
 
     def _size_kv_cache(self) -> None:
         """num_kv_blocks from the budget, then max_model_len checked against what it holds."""
@@ -197,7 +199,8 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch  # here: the API server process builds configs without torch
+        return getattr(torch, self.dtype)
 
     def replace(self, **changes: object) -> "EngineConfig":
         kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}

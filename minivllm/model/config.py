@@ -1,9 +1,17 @@
-"""The shape of a Llama-architecture model, read from GGUF metadata or a HF config.json."""
+"""The shape of a Llama-architecture model, read from GGUF metadata or a HF config.json, and
+the checks an engine config makes against it. Torch-free: the API server process imports it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from minivllm.model.paths import is_gguf
+
+QUANTIZATION = (None, "gguf", "none")  # None and "gguf": a GGUF's own blocks; "none": float32
 
 
 @dataclass(frozen=True)
@@ -91,3 +99,46 @@ class ModelConfig:
                 "max_position_embeddings": d["max_position"], "hidden_act": "silu",
                 "tie_word_embeddings": d["tie_word_embeddings"],
                 "bos_token_id": d["bos_token_id"], "eos_token_id": d["eos_token_id"]}
+
+
+def load_config(path: str) -> ModelConfig:
+    if is_gguf(path):
+        from minivllm.model.gguf_file import GGUFFile
+        with GGUFFile(path) as f:
+            config = ModelConfig.from_gguf(f.metadata)
+            return dataclasses.replace(config, tie_word_embeddings="output.weight" not in f.tensors)
+    with open(hf_file(path, "config.json")) as f:
+        return ModelConfig.from_hf(json.load(f))
+
+
+def hf_file(path: str, name: str) -> str:
+    file = os.path.join(path, name)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{file} not found: --model must be a .gguf file or a Hugging Face "
+                                f"directory with config.json, *.safetensors and tokenizer.json")
+    return file
+
+
+def check_quantization(quantization: str | None) -> None:
+    if quantization not in QUANTIZATION:
+        raise ValueError(f"quantization={quantization!r}: use gguf (a GGUF's own blocks, the "
+                         f"default) or none (dequantized to float32 at load)")
+
+
+def kv_bytes_per_token(config: ModelConfig, itemsize: int) -> int:
+    """A token's keys and values in every layer, all ranks together (each holds 1 / N of it)."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
+def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:
+    """Each rank must hold whole query heads, whole KV heads and an equal slice of the MLP
+    (vLLM would replicate KV heads past their count; minivllm does not)."""
+    dims = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+            "intermediate_size": config.intermediate_size}
+    if size >= 1 and all(d % size == 0 for d in dims.values()):
+        return
+    works = [k for k in range(1, config.num_kv_heads + 1) if all(d % k == 0 for d in dims.values())]
+    shape = ", ".join(f"{k} {v}" for k, v in dims.items())
+    raise ValueError(f"tensor_parallel_size={size} does not split this model ({shape}): each rank "
+                     f"needs whole heads, whole KV heads and an equal MLP slice, so the size must "
+                     f"divide all three. Sizes that work: {', '.join(map(str, works))}")

@@ -1,4 +1,4 @@
-"""Build csrc/cpu_ops.c and csrc/quant_ops.c for this machine and load it with ctypes.
+"""Build csrc/cpu_ops.c, quant_ops.c and decode_step.c for this machine and load it with ctypes.
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
@@ -27,7 +27,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_ops.c", "quant_ops.c")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_ops.c", "quant_ops.c",
+                                                                   "decode_step.c")]
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
@@ -97,6 +98,7 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "silu_and_mul": "ppii",
     "add_rms_norm": "pppp" + "ii" + "f",
     "q_linear": "ppp" + "iiii",
+    "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 

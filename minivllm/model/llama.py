@@ -22,7 +22,8 @@ import torch
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
 from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
-from minivllm.model.config import ModelConfig
+from minivllm.model.config import ModelConfig, check_tensor_parallel_size, kv_bytes_per_token
+from minivllm.model.decode_step import DecodeStep
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
@@ -121,6 +122,7 @@ class LlamaModel:
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
         op_selection.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
+        self.decode_step = DecodeStep.for_model(self)  # the layers in one C call, where they can
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -128,6 +130,10 @@ class LlamaModel:
         c = self.config
         n, eps = input_ids.shape[0], c.rms_norm_eps
         x = self.embed_tokens(input_ids).contiguous()  # the residual stream
+        if self.decode_step is not None:  # decodes only: every layer in one C call
+            h = self.decode_step.run(x, positions, kv_caches, meta)
+            if h is not None:
+                return h
         # norm weights are folded into qkv and gate_up (None here), except on blocks
         h = custom_ops.rms_norm(x, self.layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
@@ -178,8 +184,7 @@ class LlamaModel:
     @staticmethod
     def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         """All ranks together: with tensor parallelism each holds 1 / N of it."""
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+        return kv_bytes_per_token(config, torch.empty(0, dtype=dtype).element_size())
 
 
 def stored_bytes(linear: Linear | QuantLinear) -> int:
@@ -187,17 +192,3 @@ def stored_bytes(linear: Linear | QuantLinear) -> int:
     if isinstance(linear, QuantLinear):
         return linear.weight.data.nbytes
     return linear.weight.nbytes
-
-
-def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:
-    """Each rank must hold whole query heads, whole KV heads and an equal slice of the MLP
-    (vLLM would replicate KV heads past their count; minivllm does not)."""
-    dims = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
-            "intermediate_size": config.intermediate_size}
-    if size >= 1 and all(d % size == 0 for d in dims.values()):
-        return
-    works = [k for k in range(1, config.num_kv_heads + 1) if all(d % k == 0 for d in dims.values())]
-    shape = ", ".join(f"{k} {v}" for k, v in dims.items())
-    raise ValueError(f"tensor_parallel_size={size} does not split this model ({shape}): each rank "
-                     f"needs whole heads, whole KV heads and an equal MLP slice, so the size must "
-                     f"divide all three. Sizes that work: {', '.join(map(str, works))}")

@@ -10,20 +10,17 @@ A GGUF's matrices in Q4_0, Q4_1 or Q8_0 stay in their blocks (quant_linear.Quant
 
 from __future__ import annotations
 
-import dataclasses
 import glob
-import json
 import os
 
 import numpy as np
 import torch
 
-from minivllm.model.config import ModelConfig
+from minivllm.model.config import ModelConfig, check_quantization
+from minivllm.model.config import QUANTIZATION, load_config  # noqa: F401 (re-exported)
 from minivllm.model.gguf_file import GGUFFile
 from minivllm.model.paths import default_model_path, is_gguf  # noqa: F401 (re-exported)
 from minivllm.model.quant_linear import QUANT_TYPES, QuantWeight, from_gguf_bytes
-
-QUANTIZATION = (None, "gguf", "none")  # None and "gguf": a GGUF's own blocks; "none": float32
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -33,15 +30,6 @@ _GGUF_LAYER_NAMES = {
 }
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                    "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-
-
-def load_config(path: str) -> ModelConfig:
-    if is_gguf(path):
-        with GGUFFile(path) as f:
-            config = ModelConfig.from_gguf(f.metadata)
-            return dataclasses.replace(config, tie_word_embeddings="output.weight" not in f.tensors)
-    with open(_hf_file(path, "config.json")) as f:
-        return ModelConfig.from_hf(json.load(f))
 
 
 def load_weights(path: str, config: ModelConfig, quantization: str | None = None
@@ -67,12 +55,6 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     out_dim = w.shape[0]
     return (w.reshape(n_heads, out_dim // n_heads // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
-
-
-def check_quantization(quantization: str | None) -> None:
-    if quantization not in QUANTIZATION:
-        raise ValueError(f"quantization={quantization!r}: use gguf (a GGUF's own blocks, the "
-                         f"default) or none (dequantized to float32 at load)")
 
 
 def _gguf_weights(path: str, config: ModelConfig,
@@ -101,9 +83,3 @@ def _hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.{suffix}"
 
 
-def _hf_file(path: str, name: str) -> str:
-    file = os.path.join(path, name)
-    if not os.path.exists(file):
-        raise FileNotFoundError(f"{file} not found: --model must be a .gguf file or a Hugging Face "
-                                f"directory with config.json, *.safetensors and tokenizer.json")
-    return file

@@ -67,10 +67,7 @@ def unavailable() -> str | None:
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and r.returncode:
-        raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
-    return r
+    return netns_wire.run("ip", *args, check=check)
 
 
 def _pids_in_netns(ns_path: str) -> list[int]:

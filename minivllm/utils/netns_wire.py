@@ -67,11 +67,17 @@ def delay_method() -> str:
     return "wire" if netem_missing() else "tc netem"
 
 
+def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    """An ip or tc command; with check, RuntimeError with its message if it fails."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return r
+
+
 def tc(netns: str, *args: str) -> None:
-    """`tc -n netns args...`; RuntimeError with tc's message if it fails."""
-    r = subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"tc {' '.join(args)} failed: {r.stderr.strip()}")
+    """`tc -n netns args...`."""
+    run("tc", "-n", netns, *args)
 
 
 def unavailable() -> str | None:

@@ -118,12 +118,21 @@ static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *res
 
 // The GEMV (batch 1-5): each block straight from memory into vector registers, no buffer.
 // sum_j (d q_j + m) x_j = d (q . x) + m sum(x): one multiply-add by d per block, and the
-// block sums of x (xsum) computed once.
+// block sums of x computed once. A block's d and m (two fp16) become floats in one
+// conversion, and its m sum(x) goes into a 2-lane accumulator against the pair (-8 sum(x), 0)
+// for Q4_0 or (0, sum(x)) for Q4_1 (Q8_0: (0, 0)), so no scalar work is left per block. On Zen 4
+// this took a Q4_1 row from 5.7 to 4.7 cycles a block: the loop is bound by its vector ops.
 #if defined(__AVX512F__) || defined(__AVX2__)
-static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float *x,
-                     const float *xsum) {
+static inline __m128 block_dm(const uint8_t *blk, int64_t qtype) {  // (d, m or 0, 0, 0)
+    uint32_t bits = 0;
+    memcpy(&bits, blk, qtype == GGML_Q4_1 ? 4 : 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
+}
+
+static inline __attribute__((always_inline)) float row_dot(
+        const uint8_t *row, int64_t qtype, int64_t nb, const float *x, const float *pairs) {
     const int bs = block_bytes(qtype);
-    float mx = 0.f;
+    __m128 am = _mm_setzero_ps();
 #if defined(__AVX512F__)
     __m512 acc = _mm512_setzero_ps();
 #else
@@ -131,49 +140,72 @@ static float row_dot(const uint8_t *row, int64_t qtype, int64_t nb, const float 
 #endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bs;
-        const float d = half_to_float(blk), *xb = x + b * QK;
+        const float *xb = x + b * QK;
+        const __m128 dm = block_dm(blk, qtype);
+        am = _mm_fmadd_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(pairs + 2 * b))),
+                          am);
+#if defined(__AVX512F__)
+        __m512 lo, hi;
+        if (qtype == GGML_Q8_0) {
+            lo = widen16(_mm_loadu_si128((const __m128i *)(blk + 2)), qtype);
+            hi = widen16(_mm_loadu_si128((const __m128i *)(blk + 18)), qtype);
+        } else {  // both nibbles of a byte from one zero-extension
+            const __m512i v = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(blk + (qtype == GGML_Q4_1 ? 4 : 2))));
+            lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xf)));
+            hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+        }
+        const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16),
+                                         _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t, acc);
+#else
         __m128i lo, hi;
         block_quants(blk, qtype, &lo, &hi);
-        mx += block_min(blk, qtype, d) * xsum[b];
-#if defined(__AVX512F__)
-        const __m512 t = _mm512_fmadd_ps(widen16(hi, qtype), _mm512_loadu_ps(xb + 16),
-                                         _mm512_mul_ps(widen16(lo, qtype), _mm512_loadu_ps(xb)));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), t, acc);
-#else
         __m256 t = _mm256_setzero_ps();
         const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
         for (int i = 0; i < 4; i++)
             t = _mm256_fmadd_ps(widen8(parts[i], qtype), _mm256_loadu_ps(xb + 8 * i), t);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, acc);
 #endif
     }
 #if defined(__AVX512F__)
-    return _mm512_reduce_add_ps(acc) + mx;
+    float sum = _mm512_reduce_add_ps(acc);
 #else
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s) + mx;
+    float sum = _mm_cvtss_f32(s);
 #endif
+    return sum + _mm_cvtss_f32(am) + _mm_cvtss_f32(_mm_movehdup_ps(am));
 }
 
 enum { GEMV_ROWS = 6 };  // batches below this take the GEMV (from 6 rows the GEMM was faster)
 
+// Rows n of out for one row of x, with the row_dot specialised for qtype.
+#define GEMV_LOOP(QT)                                                                        \
+    _Pragma("omp for schedule(static)")                                                      \
+    for (int64_t n = 0; n < N; n++)                                                          \
+        for (int64_t m = 0; m < M; m++)                                                      \
+            out[m * N + n] = row_dot(w + n * row_bytes, QT, nb, x + m * K, pairs + m * 2 * nb)
+
 static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                 int64_t qtype) {
     const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype);
-    float *xsum = malloc(sizeof(float) * M * nb);
-    if (xsum == NULL) return -2;
+    float *pairs = malloc(sizeof(float) * 2 * M * nb);  // per block: m's partner, see above
+    if (pairs == NULL) return -2;
     for (int64_t i = 0; i < M * nb; i++) {
         float s = 0.f;
         for (int j = 0; j < QK; j++) s += x[i * QK + j];
-        xsum[i] = s;
+        pairs[2 * i] = qtype == GGML_Q4_0 ? -8.f * s : 0.f;
+        pairs[2 * i + 1] = qtype == GGML_Q4_1 ? s : 0.f;
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m = 0; m < M; m++)
-            out[m * N + n] = row_dot(w + n * row_bytes, qtype, nb, x + m * K, xsum + m * nb);
-    free(xsum);
+#pragma omp parallel
+    {
+        if (qtype == GGML_Q4_1) GEMV_LOOP(GGML_Q4_1);
+        else if (qtype == GGML_Q4_0) GEMV_LOOP(GGML_Q4_0);
+        else GEMV_LOOP(GGML_Q8_0);
+    }
+    free(pairs);
     return 0;
 }
 #else

@@ -1,0 +1,116 @@
+"""A decode step's decoder layers in one C call (csrc/decode_step.c), where they can run so.
+
+At batch 1 the forward is about 280 kernel calls of a few microseconds each, and the Python around
+each call (dispatch, an output tensor, argument conversion) costs about as much again, so half
+of a step was not arithmetic. On a GPU vLLM removes this launch overhead by replaying the step
+as a CUDA graph (capture_model, vllm/v1/worker/gpu_model_runner.py:6417); its CPU backend has no
+graphs (use_cuda_graph = False, vllm/v1/worker/cpu_model_runner.py:34) and compiles the model
+with torch.compile instead (warming_up_model, :84). minivllm's equivalent is a loop in C over
+the same kernels, in the same order, on the same buffers: the numbers of the C ops run one by
+one, to the bit.
+
+It runs a step when everything the loop needs is there: one rank (no all-reduce between the
+ops), float32, every layer matrix in a GGUF's blocks (quant_linear.py), the C ops built, a step
+of decodes only, and op_choice saying C for q_linear at this many rows (the matmuls are most of
+the step). The small ops then run in C even where op_selection.py measured torch's version a
+little faster: that measurement includes the Python call each op pays, which the loop does not.
+Otherwise, and with MINIVLLM_DECODE_STEP=ops, llama.py runs the ops one by one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import torch
+
+from minivllm.model import csrc_build, op_choice
+from minivllm.model.attention import AttentionMetadata
+from minivllm.model.kv_layout import key_blocks, value_blocks
+from minivllm.model.quant_linear import QuantLinear
+
+ENV = "MINIVLLM_DECODE_STEP"  # "c" (the default) or "ops": the op-by-op forward
+LAYER_FIELDS = 12  # decode_step.c's per-layer table
+
+
+class DecodeStep:
+    """The layer table (pointers into the model's tensors, which live as long as the model, and
+    into the KV caches, whose addresses every step checks) is built once per cache; the scratch
+    buffers once for the most rows a step has had, smaller steps using their first rows."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self._table: tuple[tuple[int, ...], ctypes.Array] | None = None  # (cache addresses, table)
+        self._scratch: tuple[int, list[torch.Tensor], ctypes.Array] | None = None
+
+    @staticmethod
+    def for_model(model) -> DecodeStep | None:
+        """A DecodeStep where this model's layers can run in one call, else None."""
+        if os.environ.get(ENV, "c") != "c" or model.tp.world_size != 1:
+            return None
+        if model.dtype != torch.float32 or csrc_build.load() is None:
+            return None
+        for layer in model.layers:
+            mats = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            if not all(isinstance(m, QuantLinear) for m in mats) or layer.input_norm is None:
+                return None
+        return DecodeStep(model)
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+            meta: AttentionMetadata) -> torch.Tensor | None:
+        """The final norm's output (n, hidden), x updated as the residual stream; None where
+        this step must run op by op (nothing was changed then)."""
+        n = x.shape[0]
+        if meta.num_decodes != n or meta.prefills or n == 0:
+            return None
+        if not op_choice.runs_in_c("q_linear", n):
+            return None
+        m, c = self.model, self.model.config
+        keys = key_blocks(kv_caches[0], c.head_dim)
+        tables = meta.decode_block_tables.to(torch.int64).contiguous()
+        ints = [t.to(torch.int64).contiguous()
+                for t in (positions, meta.slot_mapping, meta.decode_seq_lens)]
+        dims = (ctypes.c_int64 * 10)(len(m.layers), n, c.hidden_size, m.num_heads,
+                                     m.num_kv_heads, c.head_dim, c.intermediate_size,
+                                     keys.shape[1], keys.shape[3], tables.shape[1])
+        h = torch.empty_like(x)
+        rc = csrc_build.load().decode_layers(
+            self._layer_table(kv_caches), dims, x.data_ptr(), h.data_ptr(), self._buffers(n),
+            ints[0].data_ptr(), m.cos.data_ptr(), m.sin.data_ptr(), ints[1].data_ptr(),
+            tables.data_ptr(), ints[2].data_ptr(), m.norm.data_ptr(), c.rms_norm_eps,
+            1.0 / math.sqrt(c.head_dim))  # as attention.py
+        if rc == -1:  # a head shape the attention ops do not take: refused before x changed
+            return None
+        if rc == -2:
+            raise MemoryError("decode_layers: no memory for the attention scores")
+        if rc == -3:
+            raise ValueError("a sequence is longer than its block table holds")
+        if rc:
+            raise RuntimeError(f"C op decode_layers failed with code {rc}")
+        return h
+
+    def _layer_table(self, kv_caches: list[torch.Tensor]) -> ctypes.Array:
+        addresses = tuple(cache.data_ptr() for cache in kv_caches)  # reallocated: a new table
+        if self._table is None or self._table[0] != addresses:
+            d = self.model.config.head_dim
+            fields = []
+            for layer, cache in zip(self.model.layers, kv_caches):
+                for mat in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                    fields += [mat.weight.data.data_ptr(), int(mat.weight.qtype)]
+                fields += [layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
+                           key_blocks(cache, d).data_ptr(), value_blocks(cache, d).data_ptr()]
+            self._table = (addresses, (ctypes.c_int64 * len(fields))(*fields))
+        return self._table[1]
+
+    def _buffers(self, n: int) -> ctypes.Array:
+        """decode_step.c's scratch for n rows: qkv, attention, delta, gate_up, activation."""
+        if self._scratch is None or self._scratch[0] < n:
+            m, c = self.model, self.model.config
+            widths = ((m.num_heads + 2 * m.num_kv_heads) * c.head_dim,
+                      m.num_heads * c.head_dim, c.hidden_size, 2 * c.intermediate_size,
+                      c.intermediate_size)
+            buffers = [torch.empty(n, w) for w in widths]
+            pointers = (ctypes.c_void_p * len(buffers))(*(b.data_ptr() for b in buffers))
+            self._scratch = (n, buffers, pointers)
+        return self._scratch[2]
