@@ -4,10 +4,13 @@ capabilities, and the command line on exercise 213."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -292,3 +295,46 @@ def test_the_search_is_bounded_by_schedules_and_deterministic():
     assert budget.runs == 1 and budget.failure is None
     unfinished = _counter_search(bound=2, max_runs=1)
     assert unfinished.runs == 1 and not unfinished.finished and unfinished.failure is None
+
+
+def _with_canary(canary: str) -> list[tuple[int, str]]:
+    """(pid, state) of every process whose environment holds canary."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if canary.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                found.append((int(pid), f.read().rsplit(")", 1)[1].split()[0]))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_judge_stopped_by_sigterm_kills_the_test_it_was_running(tmp_path):
+    """Tests run in sessions of their own; a SIGTERM to the judge (a CI timeout, `kill`) once
+    left the test running, or stopped for good where the test had stopped a process."""
+    learner = tmp_path / "process_count.py"
+    learner.write_text("import os, signal\n\ndef serve_process_count(tp, dp, pp=1, "
+                       "api_server_count=None):\n    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    canary = f"judge-canary-{uuid.uuid4().hex}"
+    judge = subprocess.Popen([sys.executable, "judge.py", "102", "--file", str(learner)], cwd=ROOT,
+                             env=dict(os.environ, JUDGE_CANARY=canary),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(state == "T" for _, state in _with_canary(canary)):
+            assert judge.poll() is None and time.monotonic() < deadline, "no test stopped itself"
+            time.sleep(0.05)
+        judge.terminate()
+        assert judge.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _with_canary(canary) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _with_canary(canary), "processes of the judge's run outlived it"
+    finally:
+        for pid, _ in _with_canary(canary):
+            os.kill(pid, signal.SIGKILL)
+        judge.kill()
+        judge.wait()

@@ -14,6 +14,7 @@ its output comes back over another pipe, of which only the tail is kept.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -87,18 +88,36 @@ def has_capability(name: str) -> bool:
 def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade:
     become_subreaper()
     result = Grade(ex, path)
-    forks = _start_zygote(ex)
-    try:
-        listed = forks.specs() if forks else []
-        # the zygote imported the tests (torch and all) so that this process need not
-        specs = ([api.TestSpec(fn=None, **{**s, "requires": tuple(s["requires"])}) for s in listed]
-                 or load_tests(str(ex.tests))[1])
-        for spec in specs:
-            _grade_one(ex, path, spec, result, stop_at_first_failure, forks)
-    finally:
-        if forks:
-            forks.close()
+    with _sigterm_as_exit():
+        forks = _start_zygote(ex)
+        try:
+            listed = forks.specs() if forks else []
+            # the zygote imported the tests (torch and all) so that this process need not
+            specs = ([api.TestSpec(fn=None, **{**s, "requires": tuple(s["requires"])})
+                      for s in listed] or load_tests(str(ex.tests))[1])
+            for spec in specs:
+                _grade_one(ex, path, spec, result, stop_at_first_failure, forks)
+        finally:
+            if forks:
+                forks.close()
     return result
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM's default is to die at once, leaving the test processes, which run in sessions of
+    their own, to run on (or stay stopped, for a test that stops a peer). As SystemExit instead,
+    the cleanup runs: the test's group killed, the zygote closed. Only where nothing else handles
+    SIGTERM, from the main thread (where Python runs handlers), and only while grading."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _start_zygote(ex: Exercise) -> Zygote | None:
@@ -217,7 +236,11 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
         os.close(out_w)
     verdict, out = _Tail(verdict_r, 0, lines=2), _Tail(out_r, OUTPUT_TAIL_BYTES)
     limit = spec.timeout * scale
-    hung = _wait(proc, verdict, limit)
+    try:
+        hung = _wait(proc, verdict, limit)
+    except BaseException:  # Ctrl-C or SIGTERM while a test runs: its own session, so kill it
+        _kill_group(proc.pid)
+        raise
     verdict.join(1.0)
     if hung:
         if hung.startswith("timed out"):
