@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         args.random_input_len, args.random_output_len = 32, 16
     if args.server_pid is not None and args.base_url is None:
         raise SystemExit("minivllm bench serve: --server-pid goes with --base-url")
-    from minivllm.model.loader import default_model_path, load_config
+    from minivllm.model.config import load_config  # torch-free: the client need not load it
+    from minivllm.model.paths import default_model_path
     model = args.model or default_model_path()
     vocab_size = load_config(model).vocab_size
     load = os.getloadavg()[0]

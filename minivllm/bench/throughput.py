@@ -184,7 +184,7 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     torch_dtype = cfg.torch_dtype
     model = core.model_executor.driver_worker.model_runner.model
     weight_bytes = model.weight_bytes_per_step()
-    kv_bytes = batch * (rp.prompt_len + 1) * model.kv_bytes_per_token(cfg.model_config, torch_dtype)
+    kv_bytes = batch * (rp.prompt_len + 1) * cfg.kv_bytes_per_token
     flops_per_token = 2 * cfg.model_config.num_params
     samples = []
     for r in range(rp.rounds):

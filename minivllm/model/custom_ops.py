@@ -146,11 +146,18 @@ def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.
                           tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads,
                           keys.shape[0], head_dim, keys.shape[1], keys.shape[3], tables.shape[1],
                           scale)
+    check_attention(rc, "paged_decode")
+    return out if rc == 0 else None
+
+
+def check_attention(rc: int, name: str) -> None:
+    """Raise for paged_decode's errors (also decode_layers', which runs it): -2 no memory for
+    the scores, -3 a sequence longer than its block table. -1 (a shape it does not take) and 0
+    are the caller's."""
     if rc == -2:
-        raise MemoryError("paged_decode: no memory for the scores")
+        raise MemoryError(f"{name}: no memory for the attention scores")
     if rc == -3:
         raise ValueError("a sequence is longer than its block table holds")
-    return out if rc == 0 else None
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -25,13 +25,12 @@ import os
 
 import torch
 
-from minivllm.model import csrc_build, op_choice
+from minivllm.model import csrc_build, custom_ops, op_choice
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kv_layout import key_blocks, value_blocks
 from minivllm.model.quant_linear import QuantLinear
 
 ENV = "MINIVLLM_DECODE_STEP"  # "c" (the default) or "ops": the op-by-op forward
-LAYER_FIELDS = 12  # decode_step.c's per-layer table
 
 
 class DecodeStep:
@@ -82,10 +81,7 @@ class DecodeStep:
             1.0 / math.sqrt(c.head_dim))  # as attention.py
         if rc == -1:  # a head shape the attention ops do not take: refused before x changed
             return None
-        if rc == -2:
-            raise MemoryError("decode_layers: no memory for the attention scores")
-        if rc == -3:
-            raise ValueError("a sequence is longer than its block table holds")
+        custom_ops.check_attention(rc, "decode_layers")
         if rc:
             raise RuntimeError(f"C op decode_layers failed with code {rc}")
         return h

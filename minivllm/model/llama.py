@@ -22,7 +22,7 @@ import torch
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
 from minivllm.model import custom_ops, op_selection, quant_linear
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
-from minivllm.model.config import ModelConfig, check_tensor_parallel_size, kv_bytes_per_token
+from minivllm.model.config import ModelConfig, check_tensor_parallel_size
 from minivllm.model.decode_step import DecodeStep
 from minivllm.model.linear import (ColumnParallelLinear, Linear, ParallelLMHead, RowParallelLinear,
                                    VocabParallelEmbedding)
@@ -180,11 +180,6 @@ class LlamaModel:
         c = self.config
         shape = (2, self.num_kv_heads, num_blocks, block_size * c.head_dim)
         return [torch.zeros(shape, dtype=self.dtype) for _ in range(c.num_layers)]
-
-    @staticmethod
-    def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-        """All ranks together: with tensor parallelism each holds 1 / N of it."""
-        return kv_bytes_per_token(config, torch.empty(0, dtype=dtype).element_size())
 
 
 def stored_bytes(linear: Linear | QuantLinear) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from minivllm.model.config import ModelConfig, check_quantization
-from minivllm.model.config import QUANTIZATION, load_config  # noqa: F401 (re-exported)
+from minivllm.model.config import load_config  # noqa: F401 (re-exported)
 from minivllm.model.gguf_file import GGUFFile
 from minivllm.model.paths import default_model_path, is_gguf  # noqa: F401 (re-exported)
 from minivllm.model.quant_linear import QUANT_TYPES, QuantWeight, from_gguf_bytes
