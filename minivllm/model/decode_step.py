@@ -48,7 +48,9 @@ class DecodeStep:
         """A DecodeStep where this model's layers can run in one call, else None."""
         if os.environ.get(ENV, "c") != "c" or model.tp.world_size != 1:
             return None
-        if model.dtype != torch.float32 or csrc_build.load() is None:
+        if model.dtype != torch.float32 or model.kv_cache_dtype != torch.float32:
+            return None
+        if csrc_build.load() is None:
             return None
         for layer in model.layers:
             mats = (layer.qkv, layer.o, layer.gate_up, layer.down)
