@@ -4,9 +4,9 @@ which is also the reference the tests compare against.
 
 Each op has two explicit entry points, `<op>_c` (None where the C op cannot run the call: not
 built, not float32, a shape past its limits; the KV cache may also be float16 or bfloat16,
-KV_TYPES) and `<op>_torch`, and a dispatcher `<op>` that
-follows op_choice.py's table. Decode attention's and skinny_linear's torch versions live with
-their callers (attention.decode_torch, linear.matmul).
+KV_TYPES) and `<op>_torch`, and a dispatcher `<op>` that follows op_choice.py's table. Decode
+attention's and skinny_linear's torch versions live with their callers (attention.decode_torch,
+linear.matmul).
 
 Most are custom ops in vLLM too (vllm/_custom_ops.py). Why they pay: decode attention in torch
 must first gather every sequence's blocks into a copy, and each of the other torch versions is
