@@ -72,17 +72,19 @@ def test_skinny_linear(rows):
     assert custom_ops.skinny_linear_c(torch.randn(8, 8), torch.randn(4, 8)) is None  # 8 rows
 
 
-def _random_cache(num_kv_heads, num_blocks, block_size, head_dim, seed):
+KV_DTYPES = [torch.float32, torch.float16, torch.bfloat16]  # --kv-cache-dtype auto, float16, ...
+
+
+def _random_cache(num_kv_heads, num_blocks, block_size, head_dim, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, num_kv_heads, num_blocks, block_size * head_dim, generator=g), g
+    shape = (2, num_kv_heads, num_blocks, block_size * head_dim)
+    return torch.randn(shape, generator=g).to(dtype), g
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size",
-                         [(9, 3, 64, 16), (4, 4, 32, 4), (8, 2, 16, 1), (6, 1, 128, 32),
-                          (4, 2, 15, 3)])
-def test_paged_decode_matches_the_torch_gather(heads, kv_heads, head_dim, block_size):
-    """Ragged lengths, scattered block tables, stale data past each sequence's end."""
-    cache, g = _random_cache(kv_heads, 64, block_size, head_dim, heads + block_size)
+def _check_paged_decode(heads, kv_heads, head_dim, block_size, kv_dtype):
+    """Ragged lengths, scattered block tables, stale data past each sequence's end; the cache
+    in kv_dtype, widened to float32 as it is read (C and torch: the same tolerance)."""
+    cache, g = _random_cache(kv_heads, 64, block_size, head_dim, heads + block_size, kv_dtype)
     lens = torch.tensor([1, 5, block_size, block_size + 1, 3 * block_size - 1])
     max_blocks = int(-(-lens.max() // block_size))
     tables = torch.randperm(64, generator=g)[:len(lens) * max_blocks].view(len(lens), -1)
@@ -95,6 +97,14 @@ def test_paged_decode_matches_the_torch_gather(heads, kv_heads, head_dim, block_
     torch.testing.assert_close(out, decode_torch(q, cache, meta, scale), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size",
+                         [(9, 3, 64, 16), (4, 4, 32, 4), (8, 2, 16, 1), (6, 1, 128, 32),
+                          (4, 2, 15, 3)])
+def test_paged_decode_matches_the_torch_gather(heads, kv_heads, head_dim, block_size, kv_dtype):
+    _check_paged_decode(heads, kv_heads, head_dim, block_size, kv_dtype)
+
+
 def test_paged_decode_declines_what_it_cannot_run():
     cache, _ = _random_cache(1, 4, 4, 8, 0)
     lens, tables = torch.tensor([3]), torch.tensor([[2]])
@@ -102,6 +112,8 @@ def test_paged_decode_declines_what_it_cannot_run():
     bf16 = custom_ops.paged_decode_c(torch.randn(1, 2, 8).bfloat16(), cache.bfloat16(), tables,
                                    lens, 1.0)
     assert bf16 is None
+    float64_cache = cache.double()  # not a KV cache dtype
+    assert custom_ops.paged_decode_c(torch.randn(1, 2, 8), float64_cache, tables, lens, 1.0) is None
     with pytest.raises(ValueError, match="longer than its block table"):
         custom_ops.paged_decode_c(torch.randn(1, 2, 8), cache, tables, torch.tensor([5]), 1.0)
 
@@ -130,6 +142,36 @@ def test_rope_and_cache_matches_torch(monkeypatch, head_dim):
                                c_args[0][3, 5 * d:6 * d])  # token 3's key, kv head 1
     v = value_blocks(c_args[-2], d)[0, 21 // 4, 21 % 4]  # token 5's value, kv head 0
     torch.testing.assert_close(v, c_args[0][5, 6 * d:7 * d])
+
+
+# Values that test the rounding: float16 and bfloat16 ties (to even), float16 subnormals and
+# its overflow, float32 subnormals (bfloat16 keeps them), the largest floats, infinities, NaN.
+ROUNDING_CASES = [1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-25,
+                  3 * 2**-26, 1e-6, 6e-5, 65504.0, 65519.99, 65520.0, 1e5, 1e-40, 3.4e38, -0.0,
+                  float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
+def test_rope_and_cache_writes_the_torch_paths_bits(monkeypatch, kv_dtype):
+    """The C op's rounding to the cache's dtype is torch's `.to(dtype)`, to the bit. RoPE is
+    the identity here (cos 1, sin 0), so both paths round the same float32 keys and values."""
+    qkv, positions, _, _, heads, kv_heads, d, cache, slots = _rope_case(3, 32)
+    qkv[:, heads * d:] *= 100  # spread over many exponents
+    finite = [x for x in ROUNDING_CASES if math.isfinite(x)]  # inf * sin 0 would be NaN
+    qkv[0, heads * d:heads * d + len(finite)] = torch.tensor(finite)  # a key head
+    qkv[1, (heads + kv_heads) * d:][:len(ROUNDING_CASES)] = torch.tensor(ROUNDING_CASES)  # a value
+    cos, sin = torch.ones(32, d), torch.zeros(32, d)
+    caches = []
+    for ops in ("c", "torch"):
+        monkeypatch.setattr(op_choice, "_table", dict.fromkeys(op_choice.OPS, ops))
+        caches.append(cache.to(kv_dtype))
+        custom_ops.rope_and_cache(qkv.clone(), positions, cos, sin, heads, kv_heads, d,
+                                  caches[-1], slots)
+    c_cache, torch_cache = caches
+    nan = torch_cache.isnan()
+    assert nan.any() and torch.equal(c_cache.isnan(), nan)  # NaN stays NaN (its bits may vary)
+    bits = {torch.float32: torch.int32}.get(kv_dtype, torch.int16)
+    assert torch.equal(c_cache.view(bits)[~nan], torch_cache.view(bits)[~nan])
 
 
 def test_model_logits_are_the_same_with_c_and_torch_ops(tmp_path, monkeypatch):
@@ -250,6 +292,7 @@ def test_an_avx2_build_has_no_avx512_and_gives_the_same_results(tmp_path, monkey
     if shutil.which("objdump"):
         code = subprocess.run(["objdump", "-d", str(avx2)], capture_output=True, text=True).stdout
         assert "ymm" in code and "zmm" not in code
+        assert "vcvtph2ps" in code  # a float16 cache read a vector at a time (F16C)
     monkeypatch.setattr(op_choice, "_table", dict.fromkeys(op_choice.OPS, "c"))
     assert csrc_build.load()._name == str(avx2)
     g = torch.Generator().manual_seed(0)
@@ -258,6 +301,9 @@ def test_an_avx2_build_has_no_avx512_and_gives_the_same_results(tmp_path, monkey
             x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
             torch.testing.assert_close(custom_ops.skinny_linear_c(x, w), x @ w.t(),
                                        atol=1e-4, rtol=1e-4)
+    for kv_dtype in KV_DTYPES:  # SmolLM2's attention shape, and one the vectors do not fit
+        _check_paged_decode(9, 3, 64, 16, kv_dtype)
+        _check_paged_decode(4, 2, 15, 3, kv_dtype)
     monkeypatch.setenv(csrc_build.ARCH_ENV, "native -O0")
     with pytest.raises(csrc_build.KernelBuildError, match="not a -march name"):
         csrc_build.build()

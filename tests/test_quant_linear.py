@@ -218,12 +218,17 @@ def c_ops():
     op_choice.set_table(chosen)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 6, 32])  # 1-5 rows: the GEMV; 6+: the GEMM
-def test_the_decode_step_in_c_gives_the_op_by_op_hidden_states_and_cache(runs, c_ops, batch):
+def test_the_decode_step_in_c_gives_the_op_by_op_hidden_states_and_cache(runs, c_ops, batch,
+                                                                          kv_dtype, monkeypatch):
+    """Also on a 16-bit cache (--kv-cache-dtype): the same rounding and widening either way."""
     model = runs[None][2]
+    monkeypatch.setattr(model, "kv_cache_dtype", kv_dtype)  # decode_batch allocates the caches
     step = model.decode_step
     assert step is not None, "the bundled GGUF on one rank should run its decode steps in C"
     ids, positions, caches, meta = decode_batch(model, batch)
+    assert caches[0].dtype == kv_dtype
     before = [c.clone() for c in caches]
     with torch.inference_mode():
         x = model.embed_tokens(ids).contiguous()

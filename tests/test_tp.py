@@ -62,21 +62,39 @@ def tp1(tiny_dir, prompts):
     return run(EngineConfig(model=tiny_dir), prompts)
 
 
+def assert_same_outputs(prompts, ref: tuple, got: tuple, what: str) -> None:
+    """Greedy tokens under the near-tie rule, teacher-forced logits within LOGIT_ATOL."""
+    (ref_tokens, ref_scores), (tokens, scores) = ref, got
+    for i, (p, ref_t, got_t) in enumerate(zip(prompts, ref_tokens, tokens)):
+        # the logits that chose each reference token: rows len(p) - 1 .. end - 1
+        chose = torch.from_numpy(ref_scores[i][len(p) - 1:len(p) - 1 + len(ref_t)])
+        assert_greedy_match(ref_t, got_t, chose, NEAR_TIE, f"prompt {i}, {what}")
+    for i, (ref_s, got_s) in enumerate(zip(ref_scores, scores)):  # the same sequences, scored
+        np.testing.assert_allclose(got_s, ref_s, rtol=0, atol=LOGIT_ATOL,
+                                   err_msg=f"prompt {i}: logits differ beyond {LOGIT_ATOL}")
+    assert ref_scores[0].std() > 1.0  # logits spread: not a comparison of near-constant vectors
+
+
 @pytest.mark.parametrize("tp,backend", [(3, "mp"), (1, "mp")])
 def test_worker_processes_give_the_in_process_outputs(tiny_dir, prompts, tp1, tp, backend):
     """TP=3 (three worker processes) and TP=1 with the "mp" backend (one worker process behind
     the MessageQueue) against the worker inside the engine core."""
-    ref_tokens, ref_scores = tp1
-    tokens, scores = run(EngineConfig(model=tiny_dir, tensor_parallel_size=tp,
-                                      distributed_executor_backend=backend), prompts, ref_tokens)
-    for i, (p, ref, got) in enumerate(zip(prompts, ref_tokens, tokens)):
-        # the logits that chose each reference token: rows len(p) - 1 .. end - 1
-        chose = torch.from_numpy(ref_scores[i][len(p) - 1:len(p) - 1 + len(ref)])
-        assert_greedy_match(ref, got, chose, NEAR_TIE, f"prompt {i}, TP={tp} {backend}")
-    for i, (ref, got) in enumerate(zip(ref_scores, scores)):  # the same sequences, scored
-        np.testing.assert_allclose(got, ref, rtol=0, atol=LOGIT_ATOL,
-                                   err_msg=f"prompt {i}: logits differ beyond {LOGIT_ATOL}")
-    assert ref_scores[0].std() > 1.0  # logits spread: not a comparison of near-constant vectors
+    got = run(EngineConfig(model=tiny_dir, tensor_parallel_size=tp,
+                           distributed_executor_backend=backend), prompts, tp1[0])
+    assert_same_outputs(prompts, tp1, got, f"TP={tp} {backend}")
+
+
+def test_worker_processes_keep_a_float16_kv_cache(tiny_dir, prompts, tp1):
+    """--kv-cache-dtype reaches the TP workers: TP=3 on float16 caches gives TP=1's float16
+    outputs, which differ from float32's by more than LOGIT_ATOL (measured: 5.6e-3 to 8.9e-3
+    a prompt), so workers on float32 caches would fail."""
+    ref = run(EngineConfig(model=tiny_dir, kv_cache_dtype="float16"), prompts)
+    got = run(EngineConfig(model=tiny_dir, kv_cache_dtype="float16", tensor_parallel_size=3),
+              prompts, ref[0])
+    assert_same_outputs(prompts, ref, got, "TP=3, a float16 cache")
+    # float16 against float32 logits, on the prompts where both chose the same tokens
+    same = [np.abs(a - b).max() for t16, a, t32, b in zip(*ref, *tp1) if t16 == t32]
+    assert same and max(same) > 2 * LOGIT_ATOL, f"a float16 cache moved no logit much: {same}"
 
 
 def test_a_size_that_does_not_split_the_model_says_which_do(tiny_dir):

@@ -191,6 +191,8 @@ def make_parser():
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=64)
     p.add_argument("--server-args", default="", help="extra `minivllm serve` flags, quoted")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                   help="the KV cache's element type, for the server and the in-process engine")
     return p
 
 
@@ -243,10 +245,11 @@ def run_remote(args, prompts_for, warmups) -> list[dict]:
 def run_local(args, model: str, prompts_for, warmups) -> tuple[list[dict], dict]:
     """`minivllm serve` started here, then the same prompts on the in-process engine."""
     from minivllm.engine.config import EngineConfig
-    config = EngineConfig(model=model)
+    config = EngineConfig(model=model, kv_cache_dtype=args.kv_cache_dtype)
     rows, ratios = [], {}
     inproc_engine = InprocEngine(config, max(args.max_concurrency))
-    server_args = [*([args.model] if args.model else []), *args.server_args.split()]
+    server_args = [*([args.model] if args.model else []), "--kv-cache-dtype",
+                   args.kv_cache_dtype, *args.server_args.split()]
     with contextlib.closing(inproc_engine), ServerProcess(server_args) as server:
         endpoint = Endpoint("127.0.0.1", server.port)
         for c in args.max_concurrency:

@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ROUNDS}; --quick: 1)")
     parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
                         help="as `minivllm serve`: none dequantizes a GGUF's blocks at load")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                        help="as `minivllm serve`: the KV cache's element type")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()
     steps, rounds = (4, 1) if quick else (24, ROUNDS)
@@ -269,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             tqdm.write(f"{dtype} is emulated here ({rp.emulated}): batch {rp.batches[0]} only, "
                        f"one round, {rp.prompt_len} tokens of context")
         config = EngineConfig(dtype=dtype, quantization=args.quantization,
+                              kv_cache_dtype=args.kv_cache_dtype,
                               max_num_batched_tokens=max(rp.batches) * rp.prompt_len)
         core = EngineCore(config)
         flops = measure_matmul(config.torch_dtype, budget_s / 2).value

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = {"float32": 4, "bfloat16": 2}  # bytes an element; torch is imported only to run
+# vLLM's --kv-cache-dtype (CacheDType, vllm/config/cache.py:44), its 16-bit floats: "auto" is
+# the model's dtype; the others store keys and values in 2 bytes, widened back when read
+KV_CACHE_DTYPES = {"auto": None, "float16": 2, "bfloat16": 2}
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
 
 
@@ -42,6 +45,7 @@ class EngineConfig:
     # in their blocks (float32 activations); "none" dequantizes them to dtype at load
     quantization: str | None = None
     block_size: int = 16  # tokens per KV cache block
+    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "auto" keeps the model's dtype
     # vLLM's --kv-cache-memory-bytes (on CPU, VLLM_CPU_KVCACHE_SPACE in GiB): the KV cache's
     # size, all TP ranks together. None: what max_num_seqs sequences of max_model_len can use,
     # at most DEFAULT_KV_CACHE_BYTES (a budget larger than that only holds prefix-cache blocks)
@@ -82,6 +86,9 @@ class EngineConfig:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} "
+                             f"(auto: the model's dtype), got {self.kv_cache_dtype!r}")
         check_quantization(self.quantization)
         if self.model is None:
             self.model = default_model_path()
@@ -92,8 +99,14 @@ class EngineConfig:
             self.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
 
     @property
+    def cache_dtype(self) -> str:
+        """The KV cache's element type: kv_cache_dtype, with "auto" resolved to dtype."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.model_config, DTYPES[self.dtype])
+        itemsize = KV_CACHE_DTYPES[self.kv_cache_dtype] or DTYPES[self.dtype]
+        return kv_bytes_per_token(self.model_config, itemsize)
 
     def _size_kv_cache(self) -> None:
         """num_kv_blocks from the budget, then max_model_len checked against what it holds."""
@@ -124,7 +137,7 @@ class EngineConfig:
         tokens = self.num_kv_blocks * self.block_size
         mib = tokens * self.kv_bytes_per_token / 2**20
         return (f"KV cache: {self.num_kv_blocks:,} blocks of {self.block_size} tokens = "
-                f"{tokens:,} tokens, {mib:,.1f} MiB ({self.dtype}, all ranks); "
+                f"{tokens:,} tokens, {mib:,.1f} MiB in {self.cache_dtype} (all ranks); "
                 f"{tokens / self.max_model_len:.2f} sequences of max_model_len "
                 f"{self.max_model_len:,} fit (max_num_seqs {self.max_num_seqs})")
 
@@ -201,6 +214,11 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         import torch  # here: the API server process builds configs without torch
         return getattr(torch, self.dtype)
+
+    @property
+    def cache_torch_dtype(self) -> torch.dtype:
+        import torch
+        return getattr(torch, self.cache_dtype)
 
     def replace(self, **changes: object) -> "EngineConfig":
         kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}

@@ -72,6 +72,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "reads VLLM_CPU_KVCACHE_SPACE, in GiB). Default: what --max-num-seqs "
                         "sequences of --max-model-len can use, at most 512 MiB")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                   help="the KV cache's element type (vLLM's flag): auto is --dtype; float16 "
+                        "or bfloat16 store keys and values in 2 bytes, rounded when written "
+                        "and widened to --dtype when read, so a --kv-cache-memory-bytes holds "
+                        "twice the tokens of float32 (llama.cpp's cache is f16 by default)")
     p.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
                    help="default and gguf: run a GGUF's Q4_0/Q4_1/Q8_0 matrices on their "
                         "blocks (float32; a quarter of the memory); none: dequantize them to "
@@ -123,6 +128,7 @@ def engine_config(args: argparse.Namespace) -> Any:
     from minivllm.engine.config import EngineConfig
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype,
+                              "kv_cache_dtype": args.kv_cache_dtype,
                               "quantization": args.quantization}
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),

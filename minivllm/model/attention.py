@@ -3,11 +3,12 @@
 A step's tokens are flattened: first the decode sequences (one query token each), then the
 prefill chunks (many query tokens each, with earlier context possibly already cached). Decodes
 run in one call of the C op, which reads each sequence's blocks in place through its block
-table (custom_ops.paged_decode_c); where it cannot run (bfloat16, no compiler) they are gathered into a
-dense copy for two matmuls and a softmax. Each prefill chunk is one
+table (custom_ops.paged_decode_c); where it cannot run (bfloat16 activations, no compiler) they
+are gathered into a dense copy for two matmuls and a softmax. Each prefill chunk is one
 `scaled_dot_product_attention` call over its context. In vLLM the same split is made by
 reorder_batch_to_split_decodes_and_prefills in vllm/v1/attention/backends/utils.py.
-The new tokens' keys and values are already in the cache (custom_ops.rope_and_cache).
+The new tokens' keys and values are already in the cache (custom_ops.rope_and_cache). A cache
+narrower than q (--kv-cache-dtype) is widened to q's dtype as it is read.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadat
     nb = tables.shape[1]
     keys_t = keys_t.index_select(1, tables.flatten()).view(num_kv_heads, n, nb, head_dim, -1)
     values = values.index_select(1, tables.flatten()).view(num_kv_heads, n, -1, head_dim)
+    keys_t, values = keys_t.to(q.dtype), values.to(q.dtype)  # no copy where they are equal
     qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # (KVH, n, group, D)
     scores = torch.matmul(qg[:, :, None], keys_t)  # (KVH, n, nb, group, block_size)
     scores = scores.transpose(2, 3).reshape(num_kv_heads, n, group, nb * block_size)
@@ -96,6 +98,7 @@ def _prefill(q: torch.Tensor, kv_cache: torch.Tensor, chunk: PrefillChunk) -> to
     keys = keys_t.transpose(-1, -2).reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
     values = value_blocks(kv_cache, head_dim)[:, chunk.block_ids]
     values = values.reshape(num_kv_heads, -1, head_dim)[None, :, :ctx]
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # widened from a 16-bit cache
     qh = q.transpose(0, 1)[None]  # (1, H, n, D)
     if ctx == n:
         o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)

@@ -3,9 +3,10 @@ float32 and it measured faster than torch on this CPU (op_selection.py), else th
 which is also the reference the tests compare against.
 
 Each op has two explicit entry points, `<op>_c` (None where the C op cannot run the call: not
-built, not float32, a shape past its limits) and `<op>_torch`, and a dispatcher `<op>` that
-follows op_choice.py's table. Decode attention's and skinny_linear's torch versions live with
-their callers (attention.decode_torch, linear.matmul).
+built, not float32, a shape past its limits; the KV cache may also be float16 or bfloat16,
+KV_TYPES) and `<op>_torch`, and a dispatcher `<op>` that follows op_choice.py's table. Decode
+attention's and skinny_linear's torch versions live with their callers (attention.decode_torch,
+linear.matmul).
 
 Most are custom ops in vLLM too (vllm/_custom_ops.py). Why they pay: decode attention in torch
 must first gather every sequence's blocks into a copy, and each of the other torch versions is
@@ -20,6 +21,15 @@ import torch.nn.functional as F
 
 from minivllm.model import csrc_build, op_choice
 from minivllm.model.kv_layout import key_blocks, value_blocks, write_kv
+
+
+# The KV cache's element types, as the C ops number them (csrc/kv_dtype.h)
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def kv_type(kv_cache: torch.Tensor) -> int | None:
+    """The C ops' number for the cache's dtype; None for one they do not take."""
+    return KV_TYPES.get(kv_cache.dtype)
 
 
 def _lib(*tensors: torch.Tensor | None):
@@ -116,25 +126,25 @@ def rope_and_cache_c(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tens
                      sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool | None:
     """True once done; None where the C op cannot run it (then nothing was written)."""
-    ops = _lib(qkv, cos, kv_cache)
-    if ops is None or qkv.stride(1) != 1:
+    ops = _lib(qkv, cos)
+    if ops is None or qkv.stride(1) != 1 or kv_type(kv_cache) is None:
         return None
     keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
     positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
     rc = ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
                             cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads,
                             head_dim, keys.data_ptr(), values.data_ptr(), keys.shape[1],
-                            keys.shape[3], slots.data_ptr())
+                            keys.shape[3], slots.data_ptr(), kv_type(kv_cache))
     return True if rc == 0 else None  # -1: a head size the C op does not take
 
 
 def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                    seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Decode attention, q (n, H, D) -> (n, H * D), in C; None where the C op cannot run it
-    (not built, not float32, a shape past its limits). Its torch version is
-    attention.decode_torch; attention.py dispatches."""
-    ops = _lib(q, kv_cache)
-    if ops is None:
+    (not built, q not float32, a shape past its limits). The cache may be 16-bit (KV_TYPES). Its
+    torch version is attention.decode_torch; attention.py dispatches."""
+    ops = _lib(q)
+    if ops is None or kv_type(kv_cache) is None:
         return None
     n, heads, head_dim = q.shape
     keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
@@ -145,7 +155,7 @@ def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.
     rc = ops.paged_decode(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
                           tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads,
                           keys.shape[0], head_dim, keys.shape[1], keys.shape[3], tables.shape[1],
-                          scale)
+                          scale, kv_type(kv_cache))
     check_attention(rc, "paged_decode")
     return out if rc == 0 else None
 

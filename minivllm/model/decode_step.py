@@ -10,10 +10,11 @@ the same kernels, in the same order, on the same buffers: the numbers of the C o
 one, to the bit.
 
 It runs a step when everything the loop needs is there: one rank (no all-reduce between the
-ops), float32, every layer matrix in a GGUF's blocks (quant_linear.py), the C ops built, a step
-of decodes only, and op_choice saying C for q_linear at this many rows (the matmuls are most of
-the step). The small ops then run in C even where op_selection.py measured torch's version a
-little faster: that measurement includes the Python call each op pays, which the loop does not.
+ops), float32 activations (the KV cache float32, float16 or bfloat16), every layer matrix in a
+GGUF's blocks (quant_linear.py), the C ops built, a step of decodes only, and op_choice saying C
+for q_linear at this many rows (the matmuls are most of the step). The small ops then run in C
+even where op_selection.py measured torch's version a little faster: that measurement includes
+the Python call each op pays, which the loop does not.
 Otherwise, and with MINIVLLM_DECODE_STEP=ops, llama.py runs the ops one by one.
 """
 
@@ -60,8 +61,8 @@ class DecodeStep:
             meta: AttentionMetadata) -> torch.Tensor | None:
         """The final norm's output (n, hidden), x updated as the residual stream; None where
         this step must run op by op (nothing was changed then)."""
-        n = x.shape[0]
-        if meta.num_decodes != n or meta.prefills or n == 0:
+        n, kv_type = x.shape[0], custom_ops.kv_type(kv_caches[0])
+        if meta.num_decodes != n or meta.prefills or n == 0 or kv_type is None:
             return None
         if not op_choice.runs_in_c("q_linear", n):
             return None
@@ -70,9 +71,9 @@ class DecodeStep:
         tables = meta.decode_block_tables.to(torch.int64).contiguous()
         ints = [t.to(torch.int64).contiguous()
                 for t in (positions, meta.slot_mapping, meta.decode_seq_lens)]
-        dims = (ctypes.c_int64 * 10)(len(m.layers), n, c.hidden_size, m.num_heads,
+        dims = (ctypes.c_int64 * 11)(len(m.layers), n, c.hidden_size, m.num_heads,
                                      m.num_kv_heads, c.head_dim, c.intermediate_size,
-                                     keys.shape[1], keys.shape[3], tables.shape[1])
+                                     keys.shape[1], keys.shape[3], tables.shape[1], kv_type)
         h = torch.empty_like(x)
         rc = csrc_build.load().decode_layers(
             self._layer_table(kv_caches), dims, x.data_ptr(), h.data_ptr(), self._buffers(n),

@@ -61,8 +61,9 @@ def rope_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype = torch.float32, parts: int | None = None,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, kv_cache_dtype: torch.dtype | None = None) -> None:
         self.config, self.dtype = config, dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype  # the cache's elements; activations: dtype
         self.tp = tp or get_tp_group()
         self.parts = parts or torch.get_num_threads()  # row slabs per matrix
         c, n, parts = config, self.tp.world_size, self.parts
@@ -176,10 +177,11 @@ class LlamaModel:
                 + sum(n.nbytes for n in norms))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
-        """Per layer (2, this rank's kv heads, blocks, block_size * head_dim): kv_layout.py."""
+        """Per layer (2, this rank's kv heads, blocks, block_size * head_dim), in the cache's
+        dtype: kv_layout.py."""
         c = self.config
         shape = (2, self.num_kv_heads, num_blocks, block_size * c.head_dim)
-        return [torch.zeros(shape, dtype=self.dtype) for _ in range(c.num_layers)]
+        return [torch.zeros(shape, dtype=self.kv_cache_dtype) for _ in range(c.num_layers)]
 
 
 def stored_bytes(linear: Linear | QuantLinear) -> int:

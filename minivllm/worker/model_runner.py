@@ -30,7 +30,8 @@ class ModelRunner:
     def load_model(self) -> None:
         weights = load_weights(self.config.model, self.config.model_config,
                                self.config.quantization)
-        self.model = LlamaModel(self.config.model_config, weights, self.config.torch_dtype)
+        self.model = LlamaModel(self.config.model_config, weights, self.config.torch_dtype,
+                                kv_cache_dtype=self.config.cache_torch_dtype)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)

@@ -1,13 +1,15 @@
-/* The CPU custom ops of minivllm's model, float32, called through ctypes (custom_ops.py).
+/* The CPU custom ops of minivllm's model, float32 (the KV cache also float16 or bfloat16:
+ * kv_dtype.h), called through ctypes (custom_ops.py).
  *
  * vLLM's model code calls custom kernels for the same jobs (vllm/_custom_ops.py):
  * rotary_embedding + reshape_and_cache, silu_and_mul, fused_add_rms_norm, and paged attention
- * (on CPU: ops.cpu_attention_with_kv_cache, vllm/v1/attention/backends/cpu_attn.py:449);
+ * (on CPU: ops.cpu_attention_with_kv_cache, vllm/v1/attention/backends/cpu_attn.py:449;
+ * here in paged_attention.c);
  * skinny_linear (decode matmuls at batch 1-7) and argmax_rows (greedy sampling) are
  * minivllm's own.
  * In plain torch each is several ops over the batch, each op a pass over memory and a
  * dispatch; here each is one pass. custom_ops.py keeps the torch version of each as the
- * reference the tests compare against, and as the path for bfloat16.
+ * reference the tests compare against, and as the path for bfloat16 activations.
  *
  * Threads come from the OpenMP runtime torch already loaded (the same libgomp.so.1), so these
  * loops and torch's ops share one pool.
@@ -17,26 +19,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_G 8
+#include "kv_dtype.h"
+
 #define MAX_D 256
-#define MAX_BS 64
-#define LINE_FLOATS 16  /* floats in a 64-byte cache line: the prefetch stride */
 /* Below this many floats of work a loop runs on the calling thread, as torch does below its
  * GRAIN_SIZE (32768, ATen/Parallel.h): a parallel region costs a wake-up and a barrier, and on a
  * busy machine a sibling thread that is not scheduled holds the barrier for a time slice. */
 #define PARALLEL_MIN 32768
 
+/* A token's k and v heads into its cache slot, rounded to the cache's type (a constant kt). */
+static inline __attribute__((always_inline)) void cache_token(
+        const float *restrict row, int64_t H, int64_t KVH, int64_t D, void *restrict k_blocks,
+        void *restrict v_blocks, int64_t NB, int64_t BS, int64_t slot, const int kt) {
+    const int64_t block = slot / BS, offset = slot % BS;
+    for (int64_t h = 0; h < KVH; h++) {
+        const float *k = row + (H + h) * D, *v = row + (H + KVH + h) * D;
+        const int64_t k0 = (h * NB + block) * D * BS + offset;  /* keys transposed */
+        const int64_t v0 = ((h * NB + block) * BS + offset) * D;
+        for (int64_t d = 0; d < D; d++) kv_store(k_blocks, k0 + d * BS, k[d], kt);
+        for (int64_t d = 0; d < D; d++) kv_store(v_blocks, v0 + d, v[d], kt);
+    }
+}
+#define CACHE_TOKEN(KT) cache_token(row, H, KVH, D, k_blocks, v_blocks, NB, BS, slots[i], KT)
+
 /* RoPE on the q and k heads of each token's qkv row, in place, then k and v into the cache
  * (vLLM: rotary_embedding, vllm/_custom_ops.py:212, and reshape_and_cache, :2589).
  *   qkv (n, row_stride): H q heads, KVH k heads, KVH v heads of D floats each
  *   cos, sin (max_position, D): the rotate_half tables, sin carrying rotate_half's sign, so
- *   x' = x * cos + roll(x, D / 2) * sin;  k_blocks, v_blocks as for paged_decode below. */
+ *   x' = x * cos + roll(x, D / 2) * sin;  k_blocks, v_blocks as for paged_decode
+ *   (paged_attention.c), of kv_type (kv_dtype.h). -1: a head size or kv_type it does not take
+ *   (nothing is written then). */
 int rope_and_cache(float *restrict qkv, int64_t row_stride, int64_t n,
                    const int64_t *restrict positions, const float *restrict cos,
                    const float *restrict sin, int64_t H, int64_t KVH, int64_t D,
-                   float *restrict k_blocks, float *restrict v_blocks, int64_t NB, int64_t BS,
-                   const int64_t *restrict slots) {
-    if (D > MAX_D || D % 2) return -1;
+                   void *restrict k_blocks, void *restrict v_blocks, int64_t NB, int64_t BS,
+                   const int64_t *restrict slots, int64_t kv_type) {
+    if (D > MAX_D || D % 2 || !kv_type_ok(kv_type)) return -1;
     #pragma omp parallel for schedule(static) if(n > 1 && n * row_stride >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         float *row = qkv + i * row_stride, x[MAX_D];
@@ -50,12 +68,10 @@ int rope_and_cache(float *restrict qkv, int64_t row_stride, int64_t n,
                 head[d + D / 2] = x[d + D / 2] * c[d + D / 2] + x[d] * s[d + D / 2];
             }
         }
-        const int64_t block = slots[i] / BS, offset = slots[i] % BS;
-        for (int64_t h = 0; h < KVH; h++) {
-            const float *k = row + (H + h) * D, *v = row + (H + KVH + h) * D;
-            float *kt = k_blocks + (h * NB + block) * D * BS + offset;
-            for (int64_t d = 0; d < D; d++) kt[d * BS] = k[d];
-            memcpy(v_blocks + ((h * NB + block) * BS + offset) * D, v, sizeof(float) * D);
+        switch (kv_type) {  /* each case a constant type: one conversion per store */
+            case KV_F16: CACHE_TOKEN(KV_F16); break;
+            case KV_BF16: CACHE_TOKEN(KV_BF16); break;
+            default: CACHE_TOKEN(KV_F32); break;
         }
     }
     return 0;
@@ -181,115 +197,4 @@ int add_rms_norm(float *restrict x, const float *restrict delta, const float *re
         }
     }
     return 0;
-}
-
-/* always_inline: called with constant G, D, BS the compiler unrolls the head loops and keeps
-   the accumulators in registers; called with variables it is the general fallback. */
-static inline __attribute__((always_inline)) void attend(
-        const float *restrict qs, const float *restrict k_blocks, const float *restrict v_blocks,
-        const int64_t *restrict table, int64_t len, float *restrict out, float *restrict scores,
-        const int G, const int D, const int BS, int64_t kv_head, int64_t NB) {
-    const int64_t num_blocks = (len + BS - 1) / BS, span = num_blocks * BS;
-    if (len <= 0) {  /* nothing to attend to */
-        memset(out, 0, sizeof(float) * G * D);
-        return;
-    }
-    for (int64_t j = 0; j < num_blocks; j++) {  /* scores = q . k, a block at a time */
-        const float *restrict kt = k_blocks + (kv_head * NB + table[j]) * D * BS;
-        float acc[MAX_G][2][MAX_BS];  /* two chains per head hide the FMA latency */
-        for (int g = 0; g < G; g++)
-            for (int t = 0; t < BS; t++) acc[g][0][t] = acc[g][1][t] = 0.f;
-        for (int d = 0; d + 1 < D; d += 2)
-            for (int g = 0; g < G; g++) {
-                const float q0 = qs[g * D + d], q1 = qs[g * D + d + 1];
-                #pragma omp simd
-                for (int t = 0; t < BS; t++) {
-                    acc[g][0][t] += q0 * kt[d * BS + t];
-                    acc[g][1][t] += q1 * kt[(d + 1) * BS + t];
-                }
-            }
-        if (D % 2)  /* the last dimension of an odd head size */
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < BS; t++)
-                    acc[g][0][t] += qs[g * D + D - 1] * kt[(D - 1) * BS + t];
-        for (int g = 0; g < G; g++)
-            for (int t = 0; t < BS; t++)
-                scores[g * span + j * BS + t] = acc[g][0][t] + acc[g][1][t];
-    }
-    for (int g = 0; g < G; g++) {  /* softmax over the sequence's len tokens only */
-        float *restrict s = scores + g * span, m = s[0], sum = 0.f;
-        for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
-        for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; t++) s[t] *= inv;
-    }
-    float acc[MAX_G][MAX_D];  /* out = probs . v, a token row at a time */
-    for (int g = 0; g < G; g++)
-        for (int d = 0; d < D; d++) acc[g][d] = 0.f;
-    for (int64_t t = 0; t < len; t++) {
-        const float *restrict v = v_blocks + ((kv_head * NB + table[t / BS]) * BS + t % BS) * D;
-        for (int g = 0; g < G; g++) {
-            const float p = scores[g * span + t];
-            #pragma omp simd
-            for (int d = 0; d < D; d++) acc[g][d] += p * v[d];
-        }
-    }
-    for (int g = 0; g < G; g++) memcpy(out + g * D, acc[g], sizeof(float) * D);
-}
-
-/* Decode attention over the paged KV cache: one query token per sequence. Plain torch must
- * gather every sequence's blocks into a dense copy before its matmuls can read them; this reads
- * the blocks where they lie, once, through the block table.
- *   q        (n, H, D)        rows q_stride apart; H query heads, KVH kv heads,
- *                             G = H / KVH queries per kv head
- *   k_blocks (KVH, NB, D, BS) each block's keys transposed: a block's BS scores are the BS
- *                             lanes of one vector, no horizontal sums
- *   v_blocks (KVH, NB, BS, D)
- *   tables   (n, max_blocks)  int64 block ids;  lens (n,) int64 tokens in each sequence
- *   out      (n, H, D)
- * Work item = (sequence, kv head): its G query heads share every key and value read.
- * Returns 0: done; -1: a shape past MAX_G, MAX_D, MAX_BS (the caller falls back to torch);
- * -2: no memory; -3: a sequence longer than its block table. */
-int paged_decode(const float *restrict q, int64_t q_stride, const float *restrict k_blocks,
-                 const float *restrict v_blocks, const int64_t *restrict tables,
-                 const int64_t *restrict lens, float *restrict out, int64_t n, int64_t H,
-                 int64_t KVH, int64_t D, int64_t NB, int64_t BS, int64_t max_blocks, float scale) {
-    const int64_t G = H / KVH;
-    if (G > MAX_G || D > MAX_D || BS > MAX_BS || G * KVH != H) return -1;
-    for (int64_t s = 0; s < n; s++)
-        if (lens[s] < 0 || lens[s] > max_blocks * BS) return -3;  /* past its block table */
-    int failed = 0;
-    #pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * G * max_blocks * BS);
-        float qs[MAX_G * MAX_D];
-        if (!scores) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for schedule(static)
-        for (int64_t item = 0; item < n * KVH; item++) {
-            if (!scores) continue;
-            const int64_t s = item / KVH, h = item % KVH;
-            if (item + 1 < n * KVH) {  /* the next item's blocks, towards the cache, meanwhile */
-                const int64_t s1 = (item + 1) / KVH, h1 = (item + 1) % KVH;
-                for (int64_t j = 0; j < (lens[s1] + BS - 1) / BS; j++) {
-                    const int64_t at = (h1 * NB + tables[s1 * max_blocks + j]) * BS * D;
-                    for (int64_t c = 0; c < BS * D; c += LINE_FLOATS) {
-                        __builtin_prefetch(k_blocks + at + c, 0, 1);
-                        __builtin_prefetch(v_blocks + at + c, 0, 1);
-                    }
-                }
-            }
-            for (int64_t i = 0; i < G * D; i++) qs[i] = q[s * q_stride + h * G * D + i] * scale;
-            const int64_t *table = tables + s * max_blocks;
-            float *o = out + (s * H + h * G) * D;
-            if (G == 3 && D == 64 && BS == 16)  /* SmolLM2 at the default block size */
-                attend(qs, k_blocks, v_blocks, table, lens[s], o, scores, 3, 64, 16, h, NB);
-            else
-                attend(qs, k_blocks, v_blocks, table, lens[s], o, scores, G, D, BS, h, NB);
-        }
-        free(scores);
-    }
-    return failed ? -2 : 0;
 }

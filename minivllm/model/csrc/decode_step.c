@@ -14,19 +14,21 @@ int add_rms_norm(float *x, const float *delta, const float *weight, float *out, 
                  int64_t hidden, float eps);
 int rope_and_cache(float *qkv, int64_t row_stride, int64_t n, const int64_t *positions,
                    const float *cos, const float *sin, int64_t H, int64_t KVH, int64_t D,
-                   float *k_blocks, float *v_blocks, int64_t NB, int64_t BS, const int64_t *slots);
-int paged_decode(const float *q, int64_t q_stride, const float *k_blocks, const float *v_blocks,
+                   void *k_blocks, void *v_blocks, int64_t NB, int64_t BS, const int64_t *slots,
+                   int64_t kv_type);
+int paged_decode(const float *q, int64_t q_stride, const void *k_blocks, const void *v_blocks,
                  const int64_t *tables, const int64_t *lens, float *out, int64_t n, int64_t H,
-                 int64_t KVH, int64_t D, int64_t NB, int64_t BS, int64_t max_blocks, float scale);
+                 int64_t KVH, int64_t D, int64_t NB, int64_t BS, int64_t max_blocks, float scale,
+                 int64_t kv_type);
 int silu_and_mul(const float *x, float *out, int64_t n, int64_t I);
 
 // Per layer, LAYER_FIELDS int64s: each matrix's blocks and ggml type, the two RMSNorm weights
 // and the layer's key and value blocks (kv_layout.py).
 enum { QKV, QKV_TYPE, O, O_TYPE, GATE_UP, GATE_UP_TYPE, DOWN, DOWN_TYPE, INPUT_NORM, POST_NORM,
        K_BLOCKS, V_BLOCKS, LAYER_FIELDS };
-// dims: the model's and the step's sizes.
+// dims: the model's and the step's sizes, and the KV cache's element type (kv_dtype.h).
 enum { LAYERS, ROWS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, NUM_BLOCKS, BLOCK_SIZE,
-       MAX_BLOCKS, DIMS };
+       MAX_BLOCKS, KV_TYPE, DIMS };
 // scratch: a step's intermediate buffers, each rows x its width.
 enum { QKV_OUT, ATTN_OUT, DELTA, GATE_UP_OUT, ACT, SCRATCH };
 
@@ -48,14 +50,15 @@ int decode_layers(const int64_t *layers, const int64_t *dims, float *x, float *h
     CHECK(add_rms_norm(x, 0, PTR(const float, layers[INPUT_NORM]), h, n, hidden, eps));
     for (int64_t l = 0; l < dims[LAYERS]; l++) {
         const int64_t *f = layers + l * LAYER_FIELDS;
-        float *keys = PTR(float, f[K_BLOCKS]), *values = PTR(float, f[V_BLOCKS]);
+        void *keys = PTR(void, f[K_BLOCKS]), *values = PTR(void, f[V_BLOCKS]);
         const float *next_norm = l + 1 < dims[LAYERS]
             ? PTR(const float, f[LAYER_FIELDS + INPUT_NORM]) : final_norm;
         CHECK(q_linear(h, PTR(const uint8_t, f[QKV]), qkv, n, row, hidden, f[QKV_TYPE]));
         CHECK(rope_and_cache(qkv, row, n, positions, cos, sin, H, KVH, D, keys, values,
-                             dims[NUM_BLOCKS], dims[BLOCK_SIZE], slots));
+                             dims[NUM_BLOCKS], dims[BLOCK_SIZE], slots, dims[KV_TYPE]));
         CHECK(paged_decode(qkv, row, keys, values, tables, lens, attn, n, H, KVH, D,
-                           dims[NUM_BLOCKS], dims[BLOCK_SIZE], dims[MAX_BLOCKS], scale));
+                           dims[NUM_BLOCKS], dims[BLOCK_SIZE], dims[MAX_BLOCKS], scale,
+                           dims[KV_TYPE]));
         CHECK(q_linear(attn, PTR(const uint8_t, f[O]), delta, n, hidden, H * D, f[O_TYPE]));
         CHECK(add_rms_norm(x, delta, PTR(const float, f[POST_NORM]), h, n, hidden, eps));
         CHECK(q_linear(h, PTR(const uint8_t, f[GATE_UP]), gate_up, n, 2 * I, hidden,
