@@ -158,6 +158,10 @@ def runs():
 def test_the_default_keeps_the_blocks_and_none_dequantizes(runs):
     assert isinstance(runs[None][2].layers[0].down, QuantLinear)
     assert isinstance(runs[None][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
+    lib = csrc_build.load()  # the Q4_1 layers packed where the kernels take it (repack)
+    takes = lib is not None and lib.q_takes_packed(int(GGMLQuantizationType.Q4_1))
+    assert runs[None][2].layers[0].down.weight.packed == bool(takes)
+    assert not runs[None][2].lm_head.linear.weight.packed
     assert isinstance(runs["none"][2].layers[0].down, Linear)
     assert isinstance(runs["none"][2].lm_head.linear, Linear)
 

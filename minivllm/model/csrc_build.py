@@ -1,4 +1,5 @@
-"""Build csrc/cpu_ops.c, quant_ops.c and decode_step.c for this machine and load it with ctypes.
+"""Build csrc/cpu_ops.c, quant_ops.c, quant_gemv.c and decode_step.c for this machine and load
+them with ctypes.
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
@@ -27,8 +28,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_ops.c", "quant_ops.c",
-                                                                   "decode_step.c")]
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = [CSRC / name for name in ("cpu_ops.c", "quant_ops.c", "quant_gemv.c", "decode_step.c")]
+HEADERS = [CSRC / "quant_blocks.h"]  # part of the build key: a change rebuilds
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
@@ -72,7 +74,7 @@ def build(compiler: str | None = None) -> Path:
     cc = compiler or os.environ.get("CC") or "gcc"
     if shutil.which(cc) is None:
         raise KernelBuildError(f"no C compiler {cc!r} on PATH (set CC, or install gcc)")
-    sources, flags = [src.read_bytes() for src in SOURCES], compile_flags()
+    sources, flags = [src.read_bytes() for src in SOURCES + HEADERS], compile_flags()
     key = hashlib.sha256(b"\0".join([*sources, " ".join(flags + LINK_FLAGS).encode(),
                                      cc.encode(), _cpu_id().encode()])).hexdigest()[:16]
     target = cache_dir() / f"cpu_ops-{key}.so"
@@ -98,6 +100,8 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "silu_and_mul": "ppii",
     "add_rms_norm": "pppp" + "ii" + "f",
     "q_linear": "ppp" + "iiii",
+    "q_repack": "pp" + "iii",
+    "q_takes_packed": "i",
     "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
