@@ -9,15 +9,12 @@ from the file's layout and packed after; the output head, whose blocks also serv
 stays in the file's layout; and a build without AVX2 takes no packed rows, so none are made.
 """
 
-import os
 import platform
-import subprocess
-import sys
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from test_quant_linear import assert_matmul_close, quantized
+from test_quant_linear import assert_matmul_close, quantized, run_in_build
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model import csrc_build, custom_ops
@@ -26,7 +23,6 @@ from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear,
 
 Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
 WIDTHS = [576, 1536, 512, 64]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -86,7 +82,7 @@ def test_the_head_keeps_the_files_layout(packing):
 CHECK_BUILD = """
 import torch
 from gguf import GGMLQuantizationType
-from test_quant_linear import assert_matmul_close, quantized
+from test_quant_linear import assert_matmul_close, quantized, run_in_build
 from minivllm.model import csrc_build, custom_ops
 from minivllm.model.quant_linear import repack
 lib = csrc_build.load()
@@ -108,9 +104,4 @@ print("ok", takes)
 def test_the_avx2_build_packs_and_the_plain_build_does_not(arch, takes):
     """MINIVLLM_CPU_ARCH: x86-64-v3 (AVX2, no AVX-512) runs packed rows on 8-lane halves;
     plain x86-64 has no vector GEMV, takes no packed rows, and the layers stay as they are."""
-    env = {**os.environ, csrc_build.ARCH_ENV: arch,
-           "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])}
-    done = subprocess.run([sys.executable, "-c", CHECK_BUILD], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["ok", str(takes)]
+    assert run_in_build(arch, CHECK_BUILD) == ["ok", str(takes)]
