@@ -52,6 +52,13 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
+// Takes Q_PACKED off *qtype: whether the rows are packed.
+static inline int take_packed(int64_t *qtype) {
+    const int packed = (*qtype & Q_PACKED) != 0;
+    *qtype &= ~(int64_t)Q_PACKED;
+    return packed;
+}
+
 static inline int block_bytes(int64_t qtype) {
     return qtype == GGML_Q4_0 ? 18 : qtype == GGML_Q4_1 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
 }

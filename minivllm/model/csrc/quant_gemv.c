@@ -142,8 +142,7 @@ static void block_sums(const float *x, int64_t M, int64_t K, int64_t qtype, int 
 
 int quant_gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                int64_t qtype) {
-    const int packed = (qtype & Q_PACKED) != 0;
-    qtype &= ~(int64_t)Q_PACKED;
+    const int packed = take_packed(&qtype);
     const int64_t nb = K / QK, ng = packed ? nb / GROUP : 0, row_bytes = nb * block_bytes(qtype);
     float *pairs = malloc(sizeof(float) * M * (3 * nb + (packed ? K : 0)));
     if (pairs == NULL) return -2;

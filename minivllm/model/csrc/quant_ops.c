@@ -157,8 +157,7 @@ static void tile_rows(const float *xt, const float *wt, float *out, int64_t M, i
 
 static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                 int64_t qtype) {
-    const int packed = (qtype & Q_PACKED) != 0;
-    qtype &= ~(int64_t)Q_PACKED;
+    const int packed = take_packed(&qtype);
     const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype), tiles = (N + NR - 1) / NR;
     const int64_t ng = packed ? nb / GROUP : 0;
     float *xt = transpose_chunks(x, M, K, packed);
@@ -194,8 +193,8 @@ int q_takes_packed(int64_t qtype) {
 // build does not take or K not a multiple of 32, -2 without memory.
 int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
              int64_t qtype) {
-    const int64_t base = qtype & ~(int64_t)Q_PACKED;
-    if (block_bytes(base) == 0 || (base != qtype && !q_takes_packed(base)) || K % QK != 0 ||
+    int64_t base = qtype;
+    if ((take_packed(&base) && !q_takes_packed(base)) || block_bytes(base) == 0 || K % QK != 0 ||
         M < 1 || N < 1)
         return -1;
     return M < GEMV_ROWS ? quant_gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
