@@ -13,7 +13,7 @@
 // of GROUP bytes, row i holding byte i of each block (lane j: block j). The blocks past the
 // last whole group stay as they are. Same bytes as the row in the file; a group is 288 (Q4_0)
 // or 320 (Q4_1) bytes. Kernels take them with qtype | Q_PACKED. In a group, weight t of block
-// j sits at "lane order" position t * GROUP + j (lane_k), where the kernels put x's k too.
+// j sits at "lane order" position t * GROUP + j, where the kernels put x's k too (to_lane_order).
 #ifndef QUANT_BLOCKS_H
 #define QUANT_BLOCKS_H
 #include <stdint.h>
@@ -72,10 +72,15 @@ static inline float block_min(const uint8_t *blk, int64_t qtype, float d) {
     return qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f;
 }
 
-// Where x's k goes in lane order, for a row of K weights in packed groups.
-static inline int64_t lane_k(int64_t k, int64_t K) {
-    const int64_t span = GROUP * QK, g = k / span, t = k % QK, j = k % span / QK;
-    return g < K / span ? g * span + t * GROUP + j : k;
+// One row of x (K floats) into dst[p * stride], p in lane order over the first ng groups
+// (x's weight t of block j of a group at t * GROUP + j), as it is past them. The writes run in
+// order: a stride of GROUP positions would pile them into a few cache sets.
+static inline void to_lane_order(const float *x, int64_t K, int64_t ng, float *dst,
+                                 int64_t stride) {
+    for (int64_t g = 0; g < ng; g++, x += GROUP * QK, dst += GROUP * QK * stride)
+        for (int t = 0; t < QK; t++)
+            for (int j = 0; j < GROUP; j++) dst[(t * GROUP + j) * stride] = x[j * QK + t];
+    for (int64_t k = 0; k < K - ng * GROUP * QK; k++) dst[k * stride] = x[k];
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)

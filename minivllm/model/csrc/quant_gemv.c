@@ -16,7 +16,7 @@
 // d's (and m's), and the 32 steps of the group are plain multiply-adds of 16 quants (byte i of
 // each block) against x in the same lane order, lane j summing block j's q . x. The group then
 // ends in one vector multiply-add by its d's. x is permuted into lane order once per call
-// (lane_k). On Zen 4, one thread, SmolLM2's four layer shapes x 30 layers (66 MB of Q4_1,
+// (to_lane_order). On Zen 4, one thread, SmolLM2's four layer shapes x 30 layers (66 MB of Q4_1,
 // scripts/q_gemv_bench.c): 1.93 -> 1.61 ns a block at best (10.4 -> 12.4 GB/s, 1.2x; K = 576
 // leaves a tail of 2 blocks in 18 in the file's layout), Q4_0 2.14 -> 1.59 ns (1.35x).
 #include <stdlib.h>
@@ -125,9 +125,9 @@ static inline __attribute__((always_inline)) float row_dot(
             out[m * N + n] = row_dot(w + n * row_bytes, QT, ng, nb, xs + m * K, c + m * nb,  \
                                      pairs + m * 2 * nb)
 
-// Per block of x: m's partners (pairs, see above) and their sum (c); x in lane order (xl)
-// where the rows are packed.
-static void block_sums(const float *x, int64_t M, int64_t K, int64_t qtype, int packed,
+// Per block of x: m's partners (pairs, see above) and their sum (c); x in lane order over ng
+// packed groups (xl).
+static void block_sums(const float *x, int64_t M, int64_t K, int64_t qtype, int64_t ng,
                        float *pairs, float *c, float *xl) {
     for (int64_t i = 0; i < M * K / QK; i++) {
         float s = 0.f;
@@ -136,19 +136,18 @@ static void block_sums(const float *x, int64_t M, int64_t K, int64_t qtype, int 
         pairs[2 * i + 1] = qtype == GGML_Q4_1 ? s : 0.f;
         c[i] = pairs[2 * i] + pairs[2 * i + 1];
     }
-    for (int64_t m = 0; packed && m < M; m++)
-        for (int64_t k = 0; k < K; k++) xl[m * K + lane_k(k, K)] = x[m * K + k];
+    for (int64_t m = 0; ng && m < M; m++) to_lane_order(x + m * K, K, ng, xl + m * K, 1);
 }
 
 int quant_gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                int64_t qtype) {
     const int packed = take_packed(&qtype);
     const int64_t nb = K / QK, ng = packed ? nb / GROUP : 0, row_bytes = nb * block_bytes(qtype);
-    float *pairs = malloc(sizeof(float) * M * (3 * nb + (packed ? K : 0)));
+    float *pairs = malloc(sizeof(float) * M * (3 * nb + (ng ? K : 0)));
     if (pairs == NULL) return -2;
     float *c = pairs + 2 * M * nb, *xl = c + M * nb;
-    block_sums(x, M, K, qtype, packed, pairs, c, xl);
-    const float *xs = packed ? xl : x;
+    block_sums(x, M, K, qtype, ng, pairs, c, xl);
+    const float *xs = ng ? xl : x;
 #pragma omp parallel
     {
         if (qtype == GGML_Q4_1) GEMV_LOOP(GGML_Q4_1);

@@ -125,16 +125,19 @@ static float *scratch(int which, int64_t n) {
 }
 
 // x's chunks, each (K, chunk rows) from xt + m0 * K, zero past row M; k in lane order
-// (quant_blocks.h) where the rows are packed: the sum over k does not mind its order.
-static float *transpose_chunks(const float *x, int64_t M, int64_t K, int packed) {
+// (quant_blocks.h) over ng packed groups: the sum over k does not mind its order.
+static float *transpose_chunks(const float *x, int64_t M, int64_t K, int64_t ng) {
     float *xt = scratch(0, K * ((M + MC - 1) / MC * MC));
     if (xt == NULL) return NULL;
     for (int64_t m0 = 0; m0 < M; m0 += chunk_rows(M, m0)) {
         const int64_t rows = chunk_rows(M, m0);
-        for (int64_t l = 0; l < rows; l++)
-            for (int64_t k = 0; k < K; k++)
-                xt[m0 * K + (packed ? lane_k(k, K) : k) * rows + l] =
-                    m0 + l < M ? x[(m0 + l) * K + k] : 0.f;
+        for (int64_t l = 0; l < rows; l++) {
+            if (m0 + l < M) {
+                to_lane_order(x + (m0 + l) * K, K, ng, xt + m0 * K + l, rows);
+            } else {
+                for (int64_t k = 0; k < K; k++) xt[m0 * K + k * rows + l] = 0.f;
+            }
+        }
     }
     return xt;
 }
@@ -160,7 +163,7 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     const int packed = take_packed(&qtype);
     const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype), tiles = (N + NR - 1) / NR;
     const int64_t ng = packed ? nb / GROUP : 0;
-    float *xt = transpose_chunks(x, M, K, packed);
+    float *xt = transpose_chunks(x, M, K, ng);
     if (xt == NULL) return -2;
     int failed = 0;
 #pragma omp parallel
