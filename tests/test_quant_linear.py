@@ -84,16 +84,24 @@ print("ok", csrc_build.build().name)
 """
 
 
+def run_in_build(arch: str, script: str) -> list[str]:
+    """The words script prints in a process whose C ops are built for MINIVLLM_CPU_ARCH=arch;
+    fails the test where it fails."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, csrc_build.ARCH_ENV: arch,
+           "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64-v3 is an x86 level")
 def test_the_avx2_build_gives_the_same_numbers():
     """MINIVLLM_CPU_ARCH=x86-64-v3 compiles the kernel for an AVX2 CPU without AVX-512."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "MINIVLLM_CPU_ARCH": "x86-64-v3",
-           "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")])}
-    done = subprocess.run([sys.executable, "-c", CHECK_BUILD], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
-    assert done.stdout.split()[1] != csrc_build.build().name  # a build of its own
+    words = run_in_build("x86-64-v3", CHECK_BUILD)
+    assert words[0] == "ok"
+    assert words[1] != csrc_build.build().name  # a build of its own
 
 
 def test_tensor_parallel_slices_of_blocks_add_up_to_the_whole_matrix():
@@ -158,6 +166,10 @@ def runs():
 def test_the_default_keeps_the_blocks_and_none_dequantizes(runs):
     assert isinstance(runs[None][2].layers[0].down, QuantLinear)
     assert isinstance(runs[None][2].lm_head, QuantLMHead)  # the file's Q8_0 token_embd, tied
+    lib = csrc_build.load()  # the Q4_1 layers packed where the kernels take it (repack)
+    takes = lib is not None and lib.q_takes_packed(int(GGMLQuantizationType.Q4_1))
+    assert runs[None][2].layers[0].down.weight.packed == bool(takes)
+    assert not runs[None][2].lm_head.linear.weight.packed
     assert isinstance(runs["none"][2].layers[0].down, Linear)
     assert isinstance(runs["none"][2].lm_head.linear, Linear)
 

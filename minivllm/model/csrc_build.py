@@ -1,5 +1,5 @@
-"""Build csrc/cpu_ops.c, paged_attention.c, quant_ops.c and decode_step.c for this machine and
-load them with ctypes.
+"""Build csrc/cpu_ops.c, paged_attention.c, quant_ops.c, quant_gemv.c and decode_step.c for this
+machine and load them with ctypes.
 
 The source is compiled on first use with the system's C compiler for this CPU (-march=native),
 into a cache keyed by the source, the flags and the CPU, in about a second; `python -m
@@ -30,8 +30,8 @@ from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("cpu_ops.c", "paged_attention.c", "quant_ops.c",
-                                    "decode_step.c")]
-HEADERS = [CSRC / "kv_dtype.h"]  # part of the build key: a change rebuilds
+                                    "quant_gemv.c", "decode_step.c")]
+HEADERS = [CSRC / "kv_dtype.h", CSRC / "quant_blocks.h"]  # in the build key: a change rebuilds
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared
@@ -101,6 +101,8 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "silu_and_mul": "ppii",
     "add_rms_norm": "pppp" + "ii" + "f",
     "q_linear": "ppp" + "iiii",
+    "q_repack": "pp" + "iii",
+    "q_takes_packed": "i",
     "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}

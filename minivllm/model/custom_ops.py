@@ -219,7 +219,7 @@ def q_linear_c(x: torch.Tensor, w) -> torch.Tensor | None:
     x = x.contiguous()
     out = torch.empty(x.shape[0], w.shape[0])
     rc = ops.q_linear(x.data_ptr(), w.data.data_ptr(), out.data_ptr(), x.shape[0], *w.shape,
-                      int(w.qtype))
+                      w.kernel_qtype)
     if rc == -2:
         raise MemoryError("q_linear: no memory for the unpacked tile")
     return out if rc == 0 else None

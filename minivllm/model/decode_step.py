@@ -94,7 +94,7 @@ class DecodeStep:
             fields = []
             for layer, cache in zip(self.model.layers, kv_caches):
                 for mat in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                    fields += [mat.weight.data.data_ptr(), int(mat.weight.qtype)]
+                    fields += [mat.weight.data.data_ptr(), mat.weight.kernel_qtype]
                 fields += [layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
                            key_blocks(cache, d).data_ptr(), value_blocks(cache, d).data_ptr()]
             self._table = (addresses, (ctypes.c_int64 * len(fields))(*fields))

@@ -35,7 +35,7 @@ from minivllm.model.attention import AttentionMetadata, decode_torch
 from minivllm.model.linear import matmul, split_rows
 from minivllm.model.op_choice import OPS
 from minivllm.model.paired_timing import paired_ratio
-from minivllm.model.quant_linear import QuantWeight
+from minivllm.model.quant_linear import QuantWeight, repack
 
 BUDGET_S = 0.05  # per op: rounds stop past this; quiet, every op takes a few ms
 # SmolLM2-135M's shapes (the default model); the choice is made once for the CPU, not per model
@@ -131,12 +131,13 @@ def _skinny_linear(rows: int) -> Pair:
 
 def _q_linear(rows: int) -> Pair:
     """Q4_1 blocks (the bundled GGUF's) of two layers, each scale 1/64 and min -1/8 (fp16):
-    the torch side dequantizes on every call, as its fallback does."""
+    the torch side dequantizes on every call, as its fallback does. Packed where the model's
+    layers are (quant_linear.repack)."""
     weights = []
     for out_features, in_features in LAYER_MATRICES * Q_LINEAR_LAYERS:
         blocks = torch.randint(0, 256, (out_features, in_features // 32, 20), dtype=torch.uint8)
         blocks[..., :4] = Q4_1_SCALE_MIN.view(torch.uint8)
-        weights.append(QuantWeight(blocks.view(out_features, -1), Q4_1, in_features))
+        weights.append(repack(QuantWeight(blocks.view(out_features, -1), Q4_1, in_features)))
     xs = {n: torch.randn(rows, n) for n in (HIDDEN, INTER)}
     return (lambda: [custom_ops.q_linear_c(xs[w.in_features], w) for w in weights],
             lambda: [custom_ops.q_linear_torch(xs[w.in_features], w) for w in weights])

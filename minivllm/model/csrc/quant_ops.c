@@ -1,94 +1,19 @@
 // Linear layers on a GGUF's own quantized blocks: y = x @ W^T for float32 activations x (M, K)
-// and W (N, K) stored as ggml blocks of 32 weights, dequantized inside the kernel.
+// and W (N, K) stored as ggml blocks of 32 weights (quant_blocks.h), dequantized inside the
+// kernel; q_repack packs a Q4_0/Q4_1 matrix's rows for the GEMV (quant_blocks.h, quant_gemv.c).
 //
-// Block layouts (ggml-common.h; gguf-py's quants.py reads the same):
-//   Q4_0 (18 bytes): fp16 d, 16 bytes of nibbles; w = d * (q - 8)
-//   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles; w = d * q + m
-//   Q8_0 (34 bytes): fp16 d, 32 int8; w = d * q
-// Nibble j of a block (j < 16) is the low half of byte j, weight j + 16 its high half. All
-// three are w = d q + m, m being -8 d for Q4_0 and 0 for Q8_0: one fused multiply-add, which
-// for Q4_0 and Q8_0 rounds to exactly gguf-py's values.
-//
-// Batches of 1-5 rows (decode at batch 1): the GEMV, each block from memory into registers.
-// The bytes read are the blocks: 5 bits a weight for Q4_1.
-// Larger batches: the GEMM, which unpacks each block once into a small float panel and runs
-// every row of the batch against it with a register-blocked micro-kernel (see gemm below).
-// Both use AVX-512 or AVX2 intrinsics, whichever the build's -march has (csrc_build.py:
-// native, or x86-64-v3 for AVX2 only); a build with neither runs the GEMM on plain C.
-#include <stdint.h>
+// Batches of 1-5 rows (decode at batch 1): the GEMV (quant_gemv.c), each block from memory
+// into registers. Larger batches: the GEMM, which unpacks each block once into a small float
+// panel and runs every row of the batch against it with a register-blocked micro-kernel (see
+// gemm below). Both use AVX-512 or AVX2 intrinsics, whichever the build's -march has
+// (csrc_build.py: native, or x86-64-v3 for AVX2 only); a build with neither runs the GEMM on
+// plain C, and takes no packed rows.
 #include <stdlib.h>
-#include <string.h>
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
-enum { QK = 32 };
-enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };  // GGMLQuantizationType values
+#include "quant_blocks.h"
 
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp == 0) {  // zero or subnormal: renormalise
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            do { man <<= 1; e++; } while (!(man & 0x400));
-            bits = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
-        }
-    } else {
-        bits = sign | (exp + 112) << 23 | man << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
-static inline int block_bytes(int64_t qtype) {
-    return qtype == GGML_Q4_0 ? 18 : qtype == GGML_Q4_1 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
-}
-
-// m of w = d q + m for a block whose scale is d.
-static inline float block_min(const uint8_t *blk, int64_t qtype, float d) {
-    return qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f;
-}
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-// A block's 32 quants as bytes: weights 0-15 in lo, 16-31 in hi (signed for Q8_0).
-static inline void block_quants(const uint8_t *blk, int64_t qtype, __m128i *lo, __m128i *hi) {
-    if (qtype == GGML_Q8_0) {
-        *lo = _mm_loadu_si128((const __m128i *)(blk + 2));
-        *hi = _mm_loadu_si128((const __m128i *)(blk + 18));
-    } else {
-        const __m128i low4 = _mm_set1_epi8(0xf);
-        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + (qtype == GGML_Q4_1 ? 4 : 2)));
-        *lo = _mm_and_si128(q, low4);
-        *hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-    }
-}
-#endif
-
-#if defined(__AVX512F__)
-static inline __m512 widen16(__m128i q, int64_t qtype) {  // 16 quant bytes -> 16 floats
-    return _mm512_cvtepi32_ps(qtype == GGML_Q8_0 ? _mm512_cvtepi8_epi32(q)
-                                                 : _mm512_cvtepu8_epi32(q));
-}
-#elif defined(__AVX2__)
-static inline __m256 widen8(__m128i q, int64_t qtype) {  // the low 8 quant bytes -> 8 floats
-    return _mm256_cvtepi32_ps(qtype == GGML_Q8_0 ? _mm256_cvtepi8_epi32(q)
-                                                 : _mm256_cvtepu8_epi32(q));
-}
-#endif
-
-// One row of nb blocks -> nb * 32 floats, the values gguf-py's dequantize gives.
-static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *restrict w) {
+// nb blocks in the file's layout -> nb * 32 floats, the values gguf-py's dequantize gives.
+static void unpack_blocks(const uint8_t *src, int64_t qtype, int64_t nb, float *restrict w) {
     const int bs = block_bytes(qtype);
     for (int64_t b = 0; b < nb; b++, w += QK) {
         const uint8_t *blk = src + b * bs;
@@ -108,7 +33,7 @@ static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *res
 #endif
 #else
         for (int j = 0; j < QK; j++) {
-            const uint8_t *q = blk + (qtype == GGML_Q4_1 ? 4 : 2);
+            const uint8_t *q = blk + scale_bytes(qtype);
             const int v = qtype == GGML_Q8_0 ? (int8_t)q[j] : (q[j % 16] >> (j / 16 * 4)) & 0xf;
             w[j] = (float)v * d + m;
         }
@@ -116,105 +41,34 @@ static void unpack_row(const uint8_t *src, int64_t qtype, int64_t nb, float *res
     }
 }
 
-// The GEMV (batch 1-5): each block straight from memory into vector registers, no buffer.
-// sum_j (d q_j + m) x_j = d (q . x) + m sum(x): one multiply-add by d per block, and the
-// block sums of x computed once. A block's d and m (two fp16) become floats in one
-// conversion, and its m sum(x) goes into a 2-lane accumulator against the pair (-8 sum(x), 0)
-// for Q4_0 or (0, sum(x)) for Q4_1 (Q8_0: (0, 0)), so no scalar work is left per block. On Zen 4
-// this took a Q4_1 row from 5.7 to 4.7 cycles a block: the loop is bound by its vector ops.
 #if defined(__AVX512F__) || defined(__AVX2__)
-static inline __m128 block_dm(const uint8_t *blk, int64_t qtype) {  // (d, m or 0, 0, 0)
-    uint32_t bits = 0;
-    memcpy(&bits, blk, qtype == GGML_Q4_1 ? 4 : 2);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
-}
-
-static inline __attribute__((always_inline)) float row_dot(
-        const uint8_t *row, int64_t qtype, int64_t nb, const float *x, const float *pairs) {
-    const int bs = block_bytes(qtype);
-    __m128 am = _mm_setzero_ps();
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-#else
-    __m256 acc = _mm256_setzero_ps();
-#endif
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bs;
-        const float *xb = x + b * QK;
-        const __m128 dm = block_dm(blk, qtype);
-        am = _mm_fmadd_ps(dm, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(pairs + 2 * b))),
-                          am);
-#if defined(__AVX512F__)
-        __m512 lo, hi;
-        if (qtype == GGML_Q8_0) {
-            lo = widen16(_mm_loadu_si128((const __m128i *)(blk + 2)), qtype);
-            hi = widen16(_mm_loadu_si128((const __m128i *)(blk + 18)), qtype);
-        } else {  // both nibbles of a byte from one zero-extension
-            const __m512i v = _mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i *)(blk + (qtype == GGML_Q4_1 ? 4 : 2))));
-            lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xf)));
-            hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+// One packed group -> GROUP * 32 floats in lane order (weight t of block j at t * GROUP + j).
+static void unpack_group(const uint8_t *src, int64_t qtype, float *restrict w) {
+    const uint8_t *q = src + GROUP * scale_bytes(qtype);
+    for (int h = 0; h < GROUP; h += LANES) {
+        const fvec d = load_halves(src + 2 * h);
+        const fvec m = qtype == GGML_Q4_1 ? load_halves(src + 2 * GROUP + 2 * h) : (fvec)(d * -8.f);
+        for (int i = 0; i < 16; i++) {
+            const ivec v = widen_u8(q + i * GROUP + h);
+            const fvec lo = fmadd(low_nibbles(v), d, m), hi = fmadd(high_nibbles(v), d, m);
+            memcpy(w + i * GROUP + h, &lo, sizeof(lo));
+            memcpy(w + (i + 16) * GROUP + h, &hi, sizeof(hi));
         }
-        const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16),
-                                         _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t, acc);
-#else
-        __m128i lo, hi;
-        block_quants(blk, qtype, &lo, &hi);
-        __m256 t = _mm256_setzero_ps();
-        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        for (int i = 0; i < 4; i++)
-            t = _mm256_fmadd_ps(widen8(parts[i], qtype), _mm256_loadu_ps(xb + 8 * i), t);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, acc);
-#endif
     }
-#if defined(__AVX512F__)
-    float sum = _mm512_reduce_add_ps(acc);
-#else
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float sum = _mm_cvtss_f32(s);
-#endif
-    return sum + _mm_cvtss_f32(am) + _mm_cvtss_f32(_mm_movehdup_ps(am));
-}
-
-enum { GEMV_ROWS = 6 };  // batches below this take the GEMV (from 6 rows the GEMM was faster)
-
-// Rows n of out for one row of x, with the row_dot specialised for qtype.
-#define GEMV_LOOP(QT)                                                                        \
-    _Pragma("omp for schedule(static)")                                                      \
-    for (int64_t n = 0; n < N; n++)                                                          \
-        for (int64_t m = 0; m < M; m++)                                                      \
-            out[m * N + n] = row_dot(w + n * row_bytes, QT, nb, x + m * K, pairs + m * 2 * nb)
-
-static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
-                int64_t qtype) {
-    const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype);
-    float *pairs = malloc(sizeof(float) * 2 * M * nb);  // per block: m's partner, see above
-    if (pairs == NULL) return -2;
-    for (int64_t i = 0; i < M * nb; i++) {
-        float s = 0.f;
-        for (int j = 0; j < QK; j++) s += x[i * QK + j];
-        pairs[2 * i] = qtype == GGML_Q4_0 ? -8.f * s : 0.f;
-        pairs[2 * i + 1] = qtype == GGML_Q4_1 ? s : 0.f;
-    }
-#pragma omp parallel
-    {
-        if (qtype == GGML_Q4_1) GEMV_LOOP(GGML_Q4_1);
-        else if (qtype == GGML_Q4_0) GEMV_LOOP(GGML_Q4_0);
-        else GEMV_LOOP(GGML_Q8_0);
-    }
-    free(pairs);
-    return 0;
 }
 #else
-enum { GEMV_ROWS = 0 };  // no vector GEMV in a build without AVX2: the GEMM serves every batch
-static int gemv(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
-                int64_t qtype) {
-    return -1;
+static void unpack_group(const uint8_t *src, int64_t qtype, float *restrict w) {
+    abort();  // unreachable: q_linear refuses packed rows in a build without AVX2
 }
 #endif
+
+// One row of nb blocks, its first ng groups packed -> nb * 32 floats (the groups in lane order).
+static void unpack_row(const uint8_t *src, int64_t qtype, int64_t ng, int64_t nb,
+                       float *restrict w) {
+    const int64_t group_bytes = GROUP * block_bytes(qtype);
+    for (int64_t g = 0; g < ng; g++) unpack_group(src + g * group_bytes, qtype, w + g * GROUP * QK);
+    unpack_blocks(src + ng * group_bytes, qtype, nb - ng * GROUP, w + ng * GROUP * QK);
+}
 
 // The batched GEMM (batch 6 and up): out^T = W x^T. Each thread takes NR output rows at a
 // time, unpacks their blocks once (NR * K floats, in L1/L2) and runs them against every chunk
@@ -270,15 +124,20 @@ static float *scratch(int which, int64_t n) {
     return buf[which];
 }
 
-// x's chunks, each (K, chunk rows) from xt + m0 * K, zero past row M.
-static float *transpose_chunks(const float *x, int64_t M, int64_t K) {
+// x's chunks, each (K, chunk rows) from xt + m0 * K, zero past row M; k in lane order
+// (quant_blocks.h) over ng packed groups: the sum over k does not mind its order.
+static float *transpose_chunks(const float *x, int64_t M, int64_t K, int64_t ng) {
     float *xt = scratch(0, K * ((M + MC - 1) / MC * MC));
     if (xt == NULL) return NULL;
     for (int64_t m0 = 0; m0 < M; m0 += chunk_rows(M, m0)) {
         const int64_t rows = chunk_rows(M, m0);
-        for (int64_t l = 0; l < rows; l++)
-            for (int64_t k = 0; k < K; k++)
-                xt[m0 * K + k * rows + l] = m0 + l < M ? x[(m0 + l) * K + k] : 0.f;
+        for (int64_t l = 0; l < rows; l++) {
+            if (m0 + l < M) {
+                to_lane_order(x + (m0 + l) * K, K, ng, xt + m0 * K + l, rows);
+            } else {
+                for (int64_t k = 0; k < K; k++) xt[m0 * K + k * rows + l] = 0.f;
+            }
+        }
     }
     return xt;
 }
@@ -301,8 +160,10 @@ static void tile_rows(const float *xt, const float *wt, float *out, int64_t M, i
 
 static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
                 int64_t qtype) {
+    const int packed = take_packed(&qtype);
     const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype), tiles = (N + NR - 1) / NR;
-    float *xt = transpose_chunks(x, M, K);
+    const int64_t ng = packed ? nb / GROUP : 0;
+    float *xt = transpose_chunks(x, M, K, ng);
     if (xt == NULL) return -2;
     int failed = 0;
 #pragma omp parallel
@@ -317,7 +178,7 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
             if (wt == NULL) continue;
             const int64_t n0 = t * NR, rows = N - n0 < NR ? N - n0 : NR;
             for (int64_t r = 0; r < rows; r++)
-                unpack_row(w + (n0 + r) * row_bytes, qtype, nb, wt + r * K);
+                unpack_row(w + (n0 + r) * row_bytes, qtype, ng, nb, wt + r * K);
             if (rows < NR) memset(wt + rows * K, 0, sizeof(float) * (NR - rows) * K);
             tile_rows(xt, wt, out, M, N, K, n0, rows);
         }
@@ -325,10 +186,45 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     return failed ? -2 : 0;
 }
 
-// x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, out (M, N) float32.
-// Returns 0, -1 for an unknown qtype or K not a multiple of 32, -2 without memory.
+// Whether this build's kernels take packed rows of qtype: the vector builds, Q4_0 and Q4_1.
+int q_takes_packed(int64_t qtype) {
+    return GEMV_ROWS > 0 && (qtype == GGML_Q4_0 || qtype == GGML_Q4_1);
+}
+
+// x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, | Q_PACKED for packed rows (see
+// q_takes_packed), out (M, N) float32. Returns 0, -1 for an unknown qtype, packed rows this
+// build does not take or K not a multiple of 32, -2 without memory.
 int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N, int64_t K,
              int64_t qtype) {
-    if (block_bytes(qtype) == 0 || K % QK != 0 || M < 1 || N < 1) return -1;
-    return M < GEMV_ROWS ? gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
+    int64_t base = qtype;
+    if ((take_packed(&base) && !q_takes_packed(base)) || block_bytes(base) == 0 || K % QK != 0 ||
+        M < 1 || N < 1)
+        return -1;
+    return M < GEMV_ROWS ? quant_gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
+}
+
+// One row of nb Q4_0/Q4_1 blocks into the packed layout (quant_blocks.h).
+static void repack_row(const uint8_t *src, uint8_t *dst, int64_t qtype, int64_t nb) {
+    const int bs = block_bytes(qtype), sb = scale_bytes(qtype);
+    const int64_t ng = nb / GROUP;
+    for (int64_t g = 0; g < ng; g++, dst += GROUP * bs) {
+        for (int j = 0; j < GROUP; j++) {
+            const uint8_t *blk = src + (g * GROUP + j) * bs;
+            for (int s = 0; s < sb; s += 2) memcpy(dst + s * GROUP + 2 * j, blk + s, 2);
+            for (int i = 0; i < 16; i++) dst[GROUP * sb + i * GROUP + j] = blk[sb + i];
+        }
+    }
+    memcpy(dst, src + ng * GROUP * bs, (nb - ng * GROUP) * bs);
+}
+
+// src (N, K / 32 blocks) of Q4_0 or Q4_1 -> dst, the same bytes packed. Returns 0, or -1 for
+// another qtype, K not a multiple of 32 or dst overlapping src.
+int q_repack(const uint8_t *src, uint8_t *dst, int64_t N, int64_t K, int64_t qtype) {
+    const int64_t row_bytes = K / QK * block_bytes(qtype);
+    if ((qtype != GGML_Q4_0 && qtype != GGML_Q4_1) || K % QK != 0 || N < 0 ||
+        (dst < src + N * row_bytes && src < dst + N * row_bytes))
+        return -1;
+    for (int64_t n = 0; n < N; n++)
+        repack_row(src + n * row_bytes, dst + n * row_bytes, qtype, K / QK);
+    return 0;
 }
