@@ -6,6 +6,9 @@ small for one max_model_len sequence is refused with the size that would do.
 float32 in the same budget, and the bundled model's greedy tokens and logits barely move."""
 
 import argparse
+import platform
+import subprocess
+import sys
 
 import openai
 import pytest
@@ -163,3 +166,29 @@ def test_a_float16_cache_keeps_the_bundled_models_tokens_and_logits(smol_by_cach
         assert 0 < worst <= F16_LOGIT_RTOL, f"{q!r}: logits differ by {worst:.3g} of their largest"
         chose = ref_logits[len(prompt) - 1:len(sequence) - 1]
         assert_greedy_match(ref, ours, chose, F16_NEAR_TIE, repr(q))
+
+
+HEAP_HOLES = """
+from minivllm.utils.heap import trim_heap
+def rss_mib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) >> 10
+chunks, pins = [], []
+for _ in range(2000):  # 64 KiB each, under glibc's mmap threshold: on the heap, touched
+    chunks.append(bytearray(b"x") * 65536)
+    pins.append(bytes(1024) + b"p")  # a live allocation after each: the holes cannot merge away
+del chunks
+before = rss_mib()
+trimmed = trim_heap()
+print(trimmed, before, rss_mib())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_trim_heap_hands_freed_heap_pages_back():
+    """125 MiB freed between live allocations stays resident until trim_heap (what
+    Worker.load_model calls after a load); then it leaves the RSS."""
+    out = subprocess.run([sys.executable, "-c", HEAP_HOLES], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    trimmed, before, after = out[0] == "True", int(out[1]), int(out[2])
+    assert trimmed
+    assert before - after > 80, f"RSS {before} MiB before malloc_trim, {after} MiB after"

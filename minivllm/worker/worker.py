@@ -19,6 +19,7 @@ from minivllm.distributed import parallel_state
 from minivllm.engine.config import EngineConfig
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.model.sampler import compute_logprobs
+from minivllm.utils.heap import trim_heap
 from minivllm.worker.model_runner import ModelRunner
 
 
@@ -53,6 +54,7 @@ class Worker:
 
     def load_model(self) -> None:
         self.model_runner.load_model()
+        trim_heap()  # the load's freed buffers out of this process's RSS
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
