@@ -13,7 +13,7 @@ import sys
 import openai
 import pytest
 import torch
-from test_reference import QUESTIONS
+from test_reference import QUESTIONS, greedy_chats
 from tiny_model import assert_greedy_match
 
 from minivllm import LLM
@@ -135,22 +135,7 @@ F16_NEAR_TIE = 0.08
 def smol_by_cache():
     """The bundled model with a float32 and with a float16 KV cache, in this process: greedy
     tokens for the chat prompts, and the models to score with."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    result = {}
-    try:
-        for kv_cache_dtype in ("auto", "float16"):
-            with LLM(kv_cache_dtype=kv_cache_dtype) as llm:
-                prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": q}])) for q in QUESTIONS]
-                tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
-                                                                        use_tqdm=False)]
-                runner = llm.engine_core.engine_core.model_executor.driver_worker.model_runner
-                result[kv_cache_dtype] = prompts, tokens, runner.model
-    finally:
-        mp.undo()
-    return result
+    return greedy_chats({dtype: {"kv_cache_dtype": dtype} for dtype in ("auto", "float16")}, 24)
 
 
 def test_a_float16_cache_keeps_the_bundled_models_tokens_and_logits(smol_by_cache):

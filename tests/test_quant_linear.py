@@ -19,10 +19,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from test_reference import QUESTIONS
+from test_reference import QUESTIONS, greedy_chats
 from tiny_model import assert_greedy_match
 
-from minivllm import LLM
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
 from minivllm.model import csrc_build, custom_ops, decode_step, op_choice
@@ -30,7 +29,6 @@ from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import Linear
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
-from minivllm.sampling_params import SamplingParams
 
 QTYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 # Measured here: the blocks and the dequantized float32 weights differ by at most 2.4e-6 of a
@@ -145,22 +143,7 @@ def test_an_unknown_quantization_is_refused():
 def runs():
     """The bundled model on its blocks (the default) and with float32 weights (none), in this
     process: greedy tokens for the chat prompts, and the models to score with."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
-    result = {}
-    try:
-        for quantization in (None, "none"):
-            with LLM(quantization=quantization) as llm:
-                prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": q}])) for q in QUESTIONS]
-                tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
-                                                                        use_tqdm=False)]
-                runner = llm.engine_core.engine_core.model_executor.driver_worker.model_runner
-                result[quantization] = prompts, tokens, runner.model
-    finally:
-        mp.undo()
-    return result
+    return greedy_chats({q: {"quantization": q} for q in (None, "none")}, NUM_TOKENS)
 
 
 def test_the_default_keeps_the_blocks_and_none_dequantizes(runs):

@@ -27,6 +27,27 @@ QUESTIONS = [
 ]
 
 
+def greedy_chats(engine_args: dict, max_tokens: int) -> dict:
+    """For each label, an in-process LLM(**args) answering QUESTIONS as chats, greedily:
+    label -> (prompt token ids, generated token ids, the model, to score with)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    result = {}
+    try:
+        for label, args in engine_args.items():
+            with LLM(**args) as llm:
+                prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q}])) for q in QUESTIONS]
+                tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                        use_tqdm=False)]
+                runner = llm.engine_core.engine_core.model_executor.driver_worker.model_runner
+                result[label] = prompts, tokens, runner.model
+    finally:
+        mp.undo()
+    return result
+
+
 @pytest.fixture(scope="module")
 def reference():
     """transformers' GGUF loading without `accelerate` (which from_pretrained(gguf_file=)
