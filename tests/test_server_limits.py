@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from minivllm.entrypoints.openai.api_server import MAX_BODY_BYTES
+from minivllm.entrypoints import serve
 from minivllm.entrypoints.openai.server_process import ServerProcess
 from minivllm.tokenizer import Tokenizer
 
@@ -187,3 +188,12 @@ def test_a_client_leaving_during_its_upload_logs_one_line(server):
     assert new.count("while sending its body") == 3, new[-3000:]
     assert "Traceback" not in new and len(new.strip().splitlines()) == 3, new[-3000:]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_the_step_budget_flag_reaches_the_engine_and_an_empty_one_is_refused(tiny_dir):
+    """--max-num-batched-tokens (vLLM's flag) sets the scheduler's tokens a step; 0 would
+    schedule nothing ever, so serve refuses it before starting anything."""
+    args = serve.make_parser().parse_args([tiny_dir, "--max-num-batched-tokens", "64"])
+    assert serve.engine_config(args).max_num_batched_tokens == 64
+    with pytest.raises(SystemExit, match="max_num_batched_tokens must be at least 1, got 0"):
+        serve.main([tiny_dir, "--max-num-batched-tokens", "0"])

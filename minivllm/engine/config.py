@@ -90,6 +90,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} "
                              f"(auto: the model's dtype), got {self.kv_cache_dtype!r}")
         check_quantization(self.quantization)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.model is None:
             self.model = default_model_path()
         self.model_config = load_config(self.model)

@@ -66,6 +66,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="API server processes sharing the port (default: the DP size)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens in one step, decodes and prefill chunks together (vLLM's "
+                        "flag; default 512): smaller keeps the inter-token latency of running "
+                        "streams low while prompts arrive, larger gets first tokens sooner")
     p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", type=parse_bytes,
                    default=None, metavar="BYTES",
                    help="the KV cache's size, e.g. 512M or 0.5g (vLLM's flag; on CPU vLLM also "
@@ -132,6 +136,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                               "quantization": args.quantization}
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),
+                        ("max_num_batched_tokens", args.max_num_batched_tokens),
                         ("kv_cache_memory_bytes", args.kv_cache_memory_bytes),
                         ("num_threads", args.num_threads),
                         ("nnodes", args.nnodes if args.nnodes != 1 else None),
