@@ -35,6 +35,7 @@ from minivllm.bench import _openai_client as client
 from minivllm.bench._openai_client import Endpoint, RequestResult, first_model
 from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
 from minivllm.bench.load import tree_cpu_s, tree_rss_mib
+from minivllm.engine.config import KV_CACHE_DTYPES
 from minivllm.entrypoints.openai.server_process import ServerProcess
 
 SEED = 0
@@ -191,7 +192,7 @@ def make_parser():
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=64)
     p.add_argument("--server-args", default="", help="extra `minivllm serve` flags, quoted")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="the KV cache's element type, for the server and the in-process engine")
     return p
 

@@ -34,7 +34,7 @@ import torch
 from minivllm.bench.common import (bench_parser, huge_page_share, median_time, page_faults,
                                    print_table, quick_mode, spread, transparent_hugepages,
                                    write_json)
-from minivllm.engine.config import EngineConfig
+from minivllm.engine.config import KV_CACHE_DTYPES, EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model import cpu_features, csrc_build, op_choice, op_selection
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ROUNDS}; --quick: 1)")
     parser.add_argument("-q", "--quantization", default=None, choices=["gguf", "none"],
                         help="as `minivllm serve`: none dequantizes a GGUF's blocks at load")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="as `minivllm serve`: the KV cache's element type")
     args = parser.parse_args(argv)
     quick = args.quick or quick_mode()

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 DTYPES = {"float32": 4, "bfloat16": 2}  # bytes an element; torch is imported only to run
 # vLLM's --kv-cache-dtype (CacheDType, vllm/config/cache.py:44), its 16-bit floats: "auto" is
 # the model's dtype; the others store keys and values in 2 bytes, widened back when read
-KV_CACHE_DTYPES = {"auto": None, "float16": 2, "bfloat16": 2}
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+ITEMSIZE = {**DTYPES, "float16": 2}  # bytes an element of the model or the KV cache
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
 
 
@@ -108,8 +109,7 @@ class EngineConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        itemsize = KV_CACHE_DTYPES[self.kv_cache_dtype] or DTYPES[self.dtype]
-        return kv_bytes_per_token(self.model_config, itemsize)
+        return kv_bytes_per_token(self.model_config, ITEMSIZE[self.cache_dtype])
 
     def _size_kv_cache(self) -> None:
         """num_kv_blocks from the budget, then max_model_len checked against what it holds."""

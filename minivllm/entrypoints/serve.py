@@ -37,6 +37,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+from minivllm.engine.config import KV_CACHE_DTYPES  # torch-free, as --help wants
 from minivllm.utils import tracing
 from minivllm.utils.byte_sizes import parse_bytes
 from minivllm.utils.process_count import serve_process_count
@@ -76,7 +77,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "reads VLLM_CPU_KVCACHE_SPACE, in GiB). Default: what --max-num-seqs "
                         "sequences of --max-model-len can use, at most 512 MiB")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="the KV cache's element type (vLLM's flag): auto is --dtype; float16 "
                         "or bfloat16 store keys and values in 2 bytes, rounded when written "
                         "and widened to --dtype when read, so a --kv-cache-memory-bytes holds "

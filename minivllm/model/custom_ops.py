@@ -126,15 +126,15 @@ def rope_and_cache_c(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tens
                      sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool | None:
     """True once done; None where the C op cannot run it (then nothing was written)."""
-    ops = _lib(qkv, cos)
-    if ops is None or qkv.stride(1) != 1 or kv_type(kv_cache) is None:
+    ops, kt = _lib(qkv, cos), kv_type(kv_cache)
+    if ops is None or qkv.stride(1) != 1 or kt is None:
         return None
     keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
     positions, slots = (t.to(torch.int64).contiguous() for t in (positions, slot_mapping))
     rc = ops.rope_and_cache(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], positions.data_ptr(),
                             cos.data_ptr(), sin.data_ptr(), num_heads, num_kv_heads,
                             head_dim, keys.data_ptr(), values.data_ptr(), keys.shape[1],
-                            keys.shape[3], slots.data_ptr(), kv_type(kv_cache))
+                            keys.shape[3], slots.data_ptr(), kt)
     return True if rc == 0 else None  # -1: a head size the C op does not take
 
 
@@ -143,8 +143,8 @@ def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.
     """Decode attention, q (n, H, D) -> (n, H * D), in C; None where the C op cannot run it
     (not built, q not float32, a shape past its limits). The cache may be 16-bit (KV_TYPES). Its
     torch version is attention.decode_torch; attention.py dispatches."""
-    ops = _lib(q)
-    if ops is None or kv_type(kv_cache) is None:
+    ops, kt = _lib(q), kv_type(kv_cache)
+    if ops is None or kt is None:
         return None
     n, heads, head_dim = q.shape
     keys, values = key_blocks(kv_cache, head_dim), value_blocks(kv_cache, head_dim)
@@ -155,7 +155,7 @@ def paged_decode_c(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.
     rc = ops.paged_decode(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
                           tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, heads,
                           keys.shape[0], head_dim, keys.shape[1], keys.shape[3], tables.shape[1],
-                          scale, kv_type(kv_cache))
+                          scale, kt)
     check_attention(rc, "paged_decode")
     return out if rc == 0 else None
 
