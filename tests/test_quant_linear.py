@@ -24,7 +24,7 @@ from tiny_model import assert_greedy_match
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
-from minivllm.model import csrc_build, custom_ops, decode_step, op_choice
+from minivllm.model import csrc_build, custom_ops, decode_step, op_choice, weight_arena
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.linear import Linear
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
@@ -155,6 +155,30 @@ def test_the_default_keeps_the_blocks_and_none_dequantizes(runs):
     assert not runs[None][2].lm_head.linear.weight.packed
     assert isinstance(runs["none"][2].layers[0].down, Linear)
     assert isinstance(runs["none"][2].lm_head.linear, Linear)
+
+
+def test_the_layers_blocks_share_one_allocation_of_huge_page_size(runs):
+    model = runs[None][2]
+    mats = [m.weight.data for layer in model.layers
+            for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    storages = {m.untyped_storage().data_ptr() for m in mats}
+    assert len(storages) == 1, f"{len(storages)} allocations for {len(mats)} matrices"
+    assert mats[0].untyped_storage().nbytes() >= 2 << 20  # torch's line for huge pages
+    starts = [m.data_ptr() for m in mats]
+    assert starts == sorted(starts) and all(s % weight_arena.ALIGN == 0 for s in starts)
+    assert model.lm_head.linear.weight.data.untyped_storage().data_ptr() not in storages
+
+
+def test_gathered_tensors_keep_their_values_dtypes_and_shapes():
+    tensors = [torch.arange(7, dtype=torch.uint8), torch.randn(3, 5),
+               torch.arange(12, dtype=torch.int64).view(4, 3)[:, ::2]]  # a strided one too
+    views = weight_arena.gather(tensors)
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+    for t, v in zip(tensors, views):
+        assert v.dtype == t.dtype and v.shape == t.shape and v.is_contiguous()
+        assert torch.equal(v, t) and v.data_ptr() % weight_arena.ALIGN == 0
+    ends = [v.data_ptr() + v.nbytes for v in views]
+    assert all(end <= nxt.data_ptr() for end, nxt in zip(ends, views[1:]))  # none overlap
 
 
 def test_the_blocks_give_the_float32_paths_logits_and_tokens(runs):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
-from minivllm.model import custom_ops, op_selection, quant_linear
+from minivllm.model import custom_ops, op_selection, quant_linear, weight_arena
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig, check_tensor_parallel_size
 from minivllm.model.decode_step import DecodeStep
@@ -113,6 +113,7 @@ class LlamaModel:
             self.layers.append(LayerWeights(qkv, row(p + "self_attn.o_proj.weight"), gate_up,
                                             row(p + "mlp.down_proj.weight"), input_norm,
                                             post_norm))
+        self._gather_blocks()
         # The final norm stays: the head is also the embedding when tied, so it cannot fold.
         self.norm = take("model.norm.weight").to(dtype)
         # One (vocab, hidden) matrix is the output head and, by rows, the embedding.
@@ -124,6 +125,13 @@ class LlamaModel:
         self.cos, self.sin = rope_tables(c, dtype)
         op_selection.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
         self.decode_step = DecodeStep.for_model(self)  # the layers in one C call, where they can
+
+    def _gather_blocks(self) -> None:
+        """The layers' quantized matrices into one allocation: 2 MiB pages (weight_arena.py)."""
+        mats = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                if isinstance(m, QuantLinear)]
+        for m, data in zip(mats, weight_arena.gather([m.weight.data for m in mats])):
+            m.weight.data = data
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
