@@ -1,4 +1,4 @@
-"""Packed Q4_0/Q4_1 rows (quant_linear.repack, csrc/quant_blocks.h): the same bytes, each row's
+"""Packed Q4_0/Q4_1/Q8_0 rows (quant_linear.repack, csrc/quant_blocks.h): the same bytes, each row's
 blocks in groups of 16 across the vector lanes, for the GEMV (csrc/quant_gemv.c).
 
 Un-interleaving them in torch gives the file's bytes back; the kernels on packed rows give the
@@ -6,7 +6,8 @@ numbers of the same kernels on the file's rows (only the order of the additions 
 batches for the GEMV (1-5) and the GEMM, for K of whole groups (512, 1536), groups and a tail
 of blocks (576, SmolLM2's hidden size) and a tail only (64); tensor-parallel slices are taken
 from the file's layout and packed after; the output head, whose blocks also serve the embedding,
-stays in the file's layout; and a build without AVX2 takes no packed rows, so none are made.
+is packed too and its lookups still give the file's rows; and a build without AVX2 takes no packed
+rows, so none are made.
 """
 
 import platform
@@ -21,7 +22,7 @@ from minivllm.model import csrc_build, custom_ops
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, repack)
 
-Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+QTYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 WIDTHS = [576, 1536, 512, 64]
 
 
@@ -34,7 +35,7 @@ def packing():
 
 
 @pytest.mark.parametrize("k", WIDTHS)
-@pytest.mark.parametrize("qtype", Q4, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_packed_rows_unpack_to_the_files_bytes(packing, qtype, k):
     w, reference = quantized(qtype, 33, k)
     p = repack(w)
@@ -47,7 +48,7 @@ def test_packed_rows_unpack_to_the_files_bytes(packing, qtype, k):
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 33, 128])  # 1-5: the GEMV; 6+: the GEMM
 @pytest.mark.parametrize("k", WIDTHS)
-@pytest.mark.parametrize("qtype", Q4, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_q_linear_on_packed_rows_gives_the_files_rows_numbers(packing, qtype, k, rows):
     w, reference = quantized(qtype, 70, k, seed=k)
     p, x = repack(w), torch.randn(rows, k)
@@ -72,11 +73,19 @@ def test_tensor_parallel_slices_are_packed_after_slicing(packing):
     assert torch.equal(again.weight.blocks(), w.data.view(48, 48, 18)[:, 8:16].reshape(48, -1))
 
 
-def test_the_head_keeps_the_files_layout(packing):
-    w, reference = quantized(GGMLQuantizationType.Q4_1, 10, 576)
-    head = QuantLMHead(w, TPGroup(rank=0, world_size=1))
-    assert not head.linear.weight.packed
-    assert torch.equal(head.lookup(torch.tensor([3, 7])), reference[[3, 7]])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_the_head_is_packed_and_its_lookups_give_the_files_rows(packing, ranks):
+    """The Q8_0 head of SmolLM2's GGUF (tied: the embedding too), 10 rows over 1 or 3 ranks
+    (the last slice padded with zero rows): logits and looked-up rows as the file's blocks give."""
+    w, reference = quantized(GGMLQuantizationType.Q8_0, 10, 576)
+    x, rows = torch.randn(1, 576), -(-10 // ranks)
+    for rank in range(ranks):
+        head = QuantLMHead(w, TPGroup(rank=rank, world_size=ranks))
+        assert head.linear.weight.packed and head.weight is head.linear.weight.data
+        mine = reference[rank * rows:(rank + 1) * rows]
+        assert_matmul_close(custom_ops.q_linear_c(x, head.linear.weight)[:, :len(mine)], x, mine)
+        ids = torch.tensor([0, len(mine) - 1])
+        assert torch.equal(head.lookup(ids), mine[ids])
 
 
 CHECK_BUILD = """
@@ -87,7 +96,7 @@ from minivllm.model import csrc_build, custom_ops
 from minivllm.model.quant_linear import repack
 lib = csrc_build.load()
 takes = bool(lib.q_takes_packed(int(GGMLQuantizationType.Q4_1)))
-for qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
+for qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
     for k in (576, 1536):
         w, reference = quantized(qtype, 37, k)
         p = repack(w)

@@ -8,10 +8,10 @@ order of the additions differs). Blocks run along a row (the input dimension), 3
 each, so a row is whole blocks: slicing output rows (column parallelism) cuts nothing, and
 slicing input columns (row parallelism) cuts whole blocks where in / N is a multiple of 32.
 
-Q4_0 and Q4_1 layer matrices are repacked at load (repack: the same bytes, each row's blocks in
-groups of 16 with the blocks across the vector lanes, csrc/quant_blocks.h) where the C kernels
-take that layout, since their batch-1 GEMV then does a group's per-block work in one vector
-operation (csrc/quant_gemv.c). llama.cpp repacks Q4_0 for its CPU kernels at load in the same
+The matrices, the output head included, are repacked at load (repack: the same bytes, each
+row's blocks in groups of 16 with the blocks across the vector lanes, csrc/quant_blocks.h) where
+the C kernels take that layout, since their batch-1 GEMV then does a group's per-block work in
+one vector operation (csrc/quant_gemv.c). llama.cpp repacks Q4_0 for its CPU kernels at load in the same
 spirit (its interleaved Q4_0 8x8 layout), as vLLM's CPU backend prepacks its weights.
 
 RMSNorm's weight cannot be folded into a quantized matrix (llama.py fold_norm) without
@@ -32,7 +32,6 @@ from minivllm.model.linear import ParallelLMHead, VocabParallelEmbedding, column
 
 QUANT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
 QK = 32  # weights per block, in all three
-PACKABLE = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 GROUP = 16  # blocks per packed group (csrc/quant_blocks.h)
 PACKED_FLAG = 0x100  # on the qtype the C kernels take: packed rows (Q_PACKED)
 
@@ -81,10 +80,10 @@ def cat(pieces: list[QuantWeight]) -> QuantWeight | None:
 
 
 def repack(w: QuantWeight) -> QuantWeight:
-    """w with its rows packed (csrc/quant_blocks.h) where the C kernels take packed rows of
-    its type (Q4_0, Q4_1 in a vector build), else w as it is."""
+    """w with its rows packed (csrc/quant_blocks.h) where the C kernels take packed rows (a
+    vector build), else w as it is."""
     lib = csrc_build.load()
-    if w.packed or w.qtype not in PACKABLE or lib is None or not lib.q_takes_packed(int(w.qtype)):
+    if w.packed or lib is None or not lib.q_takes_packed(int(w.qtype)):
         return w
     src = w.data.contiguous()
     out = torch.empty_like(src)
@@ -96,13 +95,13 @@ def repack(w: QuantWeight) -> QuantWeight:
 
 def file_layout(data: torch.Tensor, qtype: GGMLQuantizationType, k: int) -> torch.Tensor:
     """Packed rows (out, bytes) -> the same blocks in the file's layout: each whole group's
-    GROUP scales (d, then m for Q4_1) and 16 rows of GROUP quant bytes back into blocks."""
+    GROUP scales (d, then m for Q4_1) and its rows of GROUP quant bytes back into blocks."""
     n, block_bytes = data.shape[0], GGML_QUANT_SIZES[qtype][1]
-    groups, scale_bytes = k // (QK * GROUP), block_bytes - QK // 2
+    groups, scale_bytes = k // (QK * GROUP), 4 if qtype == GGMLQuantizationType.Q4_1 else 2
     head = groups * GROUP * block_bytes
     g = data[:, :head].reshape(n, groups, GROUP * block_bytes)
     scales = g[..., :GROUP * scale_bytes].reshape(n, groups, scale_bytes // 2, GROUP, 2)
-    quants = g[..., GROUP * scale_bytes:].reshape(n, groups, QK // 2, GROUP)
+    quants = g[..., GROUP * scale_bytes:].reshape(n, groups, block_bytes - scale_bytes, GROUP)
     blocks = torch.cat([scales.transpose(2, 3).reshape(n, groups, GROUP, scale_bytes),
                         quants.transpose(2, 3)], dim=-1)
     return torch.cat([blocks.reshape(n, head), data[:, head:]], dim=1)
@@ -174,8 +173,9 @@ class QuantLMHead(ParallelLMHead):
 
     def __init__(self, w: QuantWeight, tp: TPGroup):
         VocabParallelEmbedding.__init__(self, w.data, tp)  # slices the rows of bytes
-        self.blocks = w.rows(self.weight)
-        self.linear = QuantLinear(self.blocks, pack=False)  # lookup reads the same bytes
+        self.blocks = repack(w.rows(self.weight))
+        self.weight = self.blocks.data  # lookup reads the same bytes as the head
+        self.linear = QuantLinear(self.blocks, pack=False)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return self.blocks.rows(self.weight[ids]).float()

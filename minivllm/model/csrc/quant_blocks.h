@@ -8,12 +8,14 @@
 // three are w = d q + m, m being -8 d for Q4_0 and 0 for Q8_0: one fused multiply-add, which
 // for Q4_0 and Q8_0 rounds to exactly gguf-py's values.
 //
-// Packed rows (Q4_0, Q4_1; q_repack makes them at load, quant_linear.py): a row's blocks in
-// groups of GROUP, each group its GROUP d's (fp16), then for Q4_1 its GROUP m's, then 16 rows
-// of GROUP bytes, row i holding byte i of each block (lane j: block j). The blocks past the
-// last whole group stay as they are. Same bytes as the row in the file; a group is 288 (Q4_0)
-// or 320 (Q4_1) bytes. Kernels take them with qtype | Q_PACKED. In a group, weight t of block
-// j sits at "lane order" position t * GROUP + j, where the kernels put x's k too (to_lane_order).
+// Packed rows (q_repack makes them at load, quant_linear.py): a row's blocks in groups of
+// GROUP, each group its GROUP d's (fp16), then for Q4_1 its GROUP m's, then a row of GROUP
+// bytes for each quant byte of a block (16 for Q4, 32 for Q8_0), row i holding byte i of each
+// block (lane j: block j). The blocks past the last whole group stay as they are. Same bytes
+// as the row in the file; a group is 288 (Q4_0), 320 (Q4_1) or 544 (Q8_0) bytes. Kernels take
+// them with qtype | Q_PACKED. In a group, weight t of block j sits at "lane order" position
+// t * GROUP + j (Q4: byte i's low nibble is weight i, its high one i + 16; Q8_0: byte t is
+// weight t), where the kernels put x's k too (to_lane_order).
 #ifndef QUANT_BLOCKS_H
 #define QUANT_BLOCKS_H
 #include <stdint.h>
@@ -67,6 +69,10 @@ static inline int scale_bytes(int64_t qtype) {  // d, and m for Q4_1, ahead of t
     return qtype == GGML_Q4_1 ? 4 : 2;
 }
 
+static inline int quant_bytes(int64_t qtype) {  // a block's bytes of quants, after d (and m)
+    return block_bytes(qtype) - scale_bytes(qtype);
+}
+
 // m of w = d q + m for a block whose scale is d.
 static inline float block_min(const uint8_t *blk, int64_t qtype, float d) {
     return qtype == GGML_Q4_1 ? half_to_float(blk + 2) : qtype == GGML_Q4_0 ? -8.f * d : 0.f;
@@ -118,6 +124,9 @@ typedef __m512i ivec;
 static inline ivec widen_u8(const uint8_t *p) {  // LANES bytes -> int32s
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
+static inline fvec widen_i8(const uint8_t *p) {  // LANES signed bytes (Q8_0) -> floats
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
 static inline fvec load_halves(const uint8_t *p) {  // LANES fp16 -> floats
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
@@ -133,6 +142,9 @@ typedef __m256 fvec;
 typedef __m256i ivec;
 static inline ivec widen_u8(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline fvec widen_i8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline fvec load_halves(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));

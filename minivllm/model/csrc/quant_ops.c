@@ -1,6 +1,6 @@
 // Linear layers on a GGUF's own quantized blocks: y = x @ W^T for float32 activations x (M, K)
 // and W (N, K) stored as ggml blocks of 32 weights (quant_blocks.h), dequantized inside the
-// kernel; q_repack packs a Q4_0/Q4_1 matrix's rows for the GEMV (quant_blocks.h, quant_gemv.c).
+// kernel; q_repack packs a matrix's rows for the GEMV (quant_blocks.h, quant_gemv.c).
 //
 // Batches of 1-5 rows (decode at batch 1): the GEMV (quant_gemv.c), each block from memory
 // into registers. Larger batches: the GEMM, which unpacks each block once into a small float
@@ -47,6 +47,13 @@ static void unpack_group(const uint8_t *src, int64_t qtype, float *restrict w) {
     const uint8_t *q = src + GROUP * scale_bytes(qtype);
     for (int h = 0; h < GROUP; h += LANES) {
         const fvec d = load_halves(src + 2 * h);
+        if (qtype == GGML_Q8_0) {
+            for (int t = 0; t < QK; t++) {
+                const fvec v = widen_i8(q + t * GROUP + h) * d;
+                memcpy(w + t * GROUP + h, &v, sizeof(v));
+            }
+            continue;
+        }
         const fvec m = qtype == GGML_Q4_1 ? load_halves(src + 2 * GROUP + 2 * h) : (fvec)(d * -8.f);
         for (int i = 0; i < 16; i++) {
             const ivec v = widen_u8(q + i * GROUP + h);
@@ -186,9 +193,9 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     return failed ? -2 : 0;
 }
 
-// Whether this build's kernels take packed rows of qtype: the vector builds, Q4_0 and Q4_1.
+// Whether this build's kernels take packed rows of qtype: the vector builds, all three types.
 int q_takes_packed(int64_t qtype) {
-    return GEMV_ROWS > 0 && (qtype == GGML_Q4_0 || qtype == GGML_Q4_1);
+    return GEMV_ROWS > 0 && block_bytes(qtype) != 0;
 }
 
 // x (M, K) float32 contiguous, w (N, K / 32 blocks) of qtype, | Q_PACKED for packed rows (see
@@ -203,25 +210,25 @@ int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N,
     return M < GEMV_ROWS ? quant_gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
 }
 
-// One row of nb Q4_0/Q4_1 blocks into the packed layout (quant_blocks.h).
+// One row of nb blocks into the packed layout (quant_blocks.h).
 static void repack_row(const uint8_t *src, uint8_t *dst, int64_t qtype, int64_t nb) {
-    const int bs = block_bytes(qtype), sb = scale_bytes(qtype);
+    const int bs = block_bytes(qtype), sb = scale_bytes(qtype), qb = quant_bytes(qtype);
     const int64_t ng = nb / GROUP;
     for (int64_t g = 0; g < ng; g++, dst += GROUP * bs) {
         for (int j = 0; j < GROUP; j++) {
             const uint8_t *blk = src + (g * GROUP + j) * bs;
             for (int s = 0; s < sb; s += 2) memcpy(dst + s * GROUP + 2 * j, blk + s, 2);
-            for (int i = 0; i < 16; i++) dst[GROUP * sb + i * GROUP + j] = blk[sb + i];
+            for (int i = 0; i < qb; i++) dst[GROUP * sb + i * GROUP + j] = blk[sb + i];
         }
     }
     memcpy(dst, src + ng * GROUP * bs, (nb - ng * GROUP) * bs);
 }
 
-// src (N, K / 32 blocks) of Q4_0 or Q4_1 -> dst, the same bytes packed. Returns 0, or -1 for
-// another qtype, K not a multiple of 32 or dst overlapping src.
+// src (N, K / 32 blocks) of qtype -> dst, the same bytes packed. Returns 0, or -1 for an
+// unknown qtype, K not a multiple of 32 or dst overlapping src.
 int q_repack(const uint8_t *src, uint8_t *dst, int64_t N, int64_t K, int64_t qtype) {
     const int64_t row_bytes = K / QK * block_bytes(qtype);
-    if ((qtype != GGML_Q4_0 && qtype != GGML_Q4_1) || K % QK != 0 || N < 0 ||
+    if (block_bytes(qtype) == 0 || K % QK != 0 || N < 0 ||
         (dst < src + N * row_bytes && src < dst + N * row_bytes))
         return -1;
     for (int64_t n = 0; n < N; n++)
