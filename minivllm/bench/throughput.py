@@ -26,11 +26,11 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
+from minivllm.bench import limits
 from minivllm.bench.common import (bench_parser, huge_page_share, median_time, page_faults,
                                    print_table, quick_mode, spread, transparent_hugepages,
                                    write_json)
@@ -39,75 +39,19 @@ from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model import cpu_features, csrc_build, op_choice, op_selection
 from minivllm.model.attention import AttentionMetadata
-from minivllm.model.linear import onednn_linear, onednn_pack
+from minivllm.bench.limits import LIMIT_BUDGET_S, Limit, measure_bandwidth, measure_matmul
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.progress import tqdm
 
 PROMPT_LEN = 64  # tokens of context each sequence has when decode timing starts
 EMULATED_PROMPT_LEN = 16  # an emulated dtype prefills slowly: a short context keeps it brief
-BANDWIDTH_BYTES = 256 * 2**20  # far larger than the L3 cache, like the weights
 WARMUP_STEPS = 2  # the first steps fault in KV cache pages and start the thread pool
-MATMUL_SIZES = (256, 512, 1024, 2048)  # 2048: near the BLAS's peak; smaller where a call is slow
-LIMIT_BUDGET_S = 1.0  # seconds per limit reading (--quick: a quarter)
-MIN_CALLS = 2  # timed calls a limit makes even past its budget
 LONG_ROW_S = 20.0  # a row estimated past this says so before it starts
 ROUNDS = 5  # limit and decode, alternately, per row (--quick: 1): the ratio is their median
 STEADY_SPREAD = 0.10  # rounds within +-10% of their median: a steady ratio
+LOW_PROBE = 0.8  # a run's bandwidth under this share of the machine's best is named
 OPS_ROUNDS = 9  # rounds of the C ops comparison, 6 steps per mode each (--quick: 2 of 2):
 # many short rounds, because each round's ratio is what survives a busy neighbour
-
-
-@dataclass
-class Limit:
-    value: float  # bytes/s or FLOP/s: the fastest call, since noise only lowers a limit
-    calls: int  # timed calls made within the budget
-    size: int  # the bytes read, or the matmul's n
-    huge_pages: float | None = None  # the bandwidth buffer's share in 2 MiB pages
-
-
-def time_boxed(fn: Callable[[], object], budget_s: float,
-               clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Call fn until budget_s has passed on `clock` (and at least MIN_CALLS times); the time of
-    each call. A call is never cut short: a budget smaller than one call gives MIN_CALLS."""
-    times: list[float] = []
-    end = clock() + budget_s
-    while True:
-        start = clock()
-        fn()
-        stop = clock()
-        times.append(stop - start)
-        if stop >= end and len(times) >= MIN_CALLS:
-            return times
-
-
-def measure_bandwidth(budget_s: float, clock: Callable[[], float] = time.perf_counter) -> Limit:
-    """Read bandwidth in bytes/s: a sum over a buffer much larger than the caches."""
-    buf = torch.ones(BANDWIDTH_BYTES // 4)
-    times = time_boxed(buf.sum, budget_s, clock)
-    return Limit(BANDWIDTH_BYTES / min(times), len(times), BANDWIDTH_BYTES,
-                 huge_page_share(buf.data_ptr()))
-
-
-def measure_matmul(dtype: torch.dtype, budget_s: float,
-                   clock: Callable[[], float] = time.perf_counter) -> Limit:
-    """FLOP/s of a square matmul, the best of MKL (`a @ b`) and oneDNN with a prepacked weight
-    (the kernel the model uses for many rows), within budget_s. The size doubles from 256 while
-    one call takes under an eighth of the budget: where a dtype runs slowly the limit is read
-    on a smaller product (reported as `size`) instead of grinding on a 2048^2 one."""
-    end = clock() + budget_s
-    for n in MATMUL_SIZES:
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        start = clock()
-        a @ b  # also the warm-up at the size kept
-        if (clock() - start) * 8 > budget_s:
-            break
-    kernels = [lambda: a @ b]
-    packed = onednn_pack(b.t())  # a @ b == a @ (b^T)^T: b^T is the (out, in) weight
-    if packed is not None:
-        kernels.append(lambda: onednn_linear(a, packed))
-    share = max(end - clock(), 0.0) / len(kernels)
-    runs = [time_boxed(k, share, clock) for k in kernels]
-    return Limit(max(2 * n ** 3 / min(t) for t in runs), sum(map(len, runs)), n)
 
 
 @dataclass
@@ -167,43 +111,58 @@ def model_decode(core: EngineCore, batch: int, steps: int, prompt_len: int = PRO
 def estimate_row(core: EngineCore, batch: int, rp: RowPlan, budget_s: float,
                  matmul_flops: float) -> float:
     """Seconds a row will take: its decode steps at the speed of one timed model step, its
-    prefill at the matmul limit, and the limits' budgets, for every round."""
+    prefill at the matmul limit, and the limits' budgets, for every round and once more."""
     step_s = batch / model_decode(core, batch, 1, rp.prompt_len)
     prefill_s = batch * rp.prompt_len * 2 * core.config.model_config.num_params / matmul_flops
     per_round = 2 * budget_s + prefill_s + (2 * rp.steps + WARMUP_STEPS + 2) * step_s
-    return rp.rounds * per_round
+    return rp.rounds * per_round + 2 * budget_s
 
 
 def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s: float) -> dict:
-    """Engine and model tok/s for one batch, each round next to a fresh reading of both limits.
+    """Engine and model tok/s for one batch, each round between two fresh readings of both
+    limits.
 
     The machine's speed drifts (neighbours, memory phases), so each ratio is taken within a
-    round, between measurements seconds apart, and the row reports the median over rounds.
+    round, between measurements seconds apart, and the row reports the median over rounds. A
+    limit is the higher of the readings on either side of the round's decode: a probe that
+    fell into another program's burst reads low (on a 2-core VM, one reading in a dozen came
+    in at 32 GB/s among 54-58 ones, whichever buffer it read), and a limit is what the
+    machine can do, as each reading is already the fastest of its calls.
     """
     cfg = core.config
-    torch_dtype = cfg.torch_dtype
     model = core.model_executor.driver_worker.model_runner.model
     weight_bytes = model.weight_bytes_per_step()
     kv_bytes = batch * (rp.prompt_len + 1) * cfg.kv_bytes_per_token
     flops_per_token = 2 * cfg.model_config.num_params
-    samples = []
+
+    def read_limits() -> tuple[Limit, Limit, int]:
+        faults = page_faults()
+        probe, matmul = measure_bandwidth(budget_s), measure_matmul(cfg.torch_dtype, budget_s)
+        return probe, matmul, page_faults() - faults
+
+    samples, before = [], read_limits()
     for r in range(rp.rounds):
         faults = page_faults()
-        probe = measure_bandwidth(budget_s)
-        bandwidth = probe.value
-        matmul = measure_matmul(torch_dtype, budget_s)
-        limit_faults, faults = page_faults() - faults, page_faults()
         engine = engine_decode(core, batch, rp.steps, f"{dtype}-{batch}-{r}", rp.prompt_len)
         tokens = batch * (rp.steps + WARMUP_STEPS + 1)
-        samples.append({"faults_per_token": (page_faults() - faults) / tokens,
-                        "limit_faults": limit_faults, "probe_huge": probe.huge_pages or 0.0,
+        decode_faults = page_faults() - faults
+        model_tok_s = model_decode(core, batch, rp.steps, rp.prompt_len)
+        after = read_limits()
+        bandwidth = max(before[0].value, after[0].value)
+        matmul = max(before[1], after[1], key=lambda m: m.value)
+        samples.append({"faults_per_token": decode_faults / tokens, "limit_faults": before[2],
+                        "probe_huge": before[0].huge_pages or 0.0,
                         "process_huge": huge_page_share() or 0.0, "engine_tok_s": engine,
-                        "model_tok_s": model_decode(core, batch, rp.steps, rp.prompt_len),
-                        "bandwidth_GB_s": bandwidth / 1e9, "matmul_GFLOP_s": matmul.value / 1e9,
-                        "matmul_n": matmul.size,
-                        "vs_bandwidth_limit":
+                        "model_tok_s": model_tok_s, "bandwidth_GB_s": bandwidth / 1e9,
+                        "matmul_GFLOP_s": matmul.value / 1e9, "matmul_n": matmul.size,
+                        "vs_run_bandwidth":
                             engine / batch * (weight_bytes + kv_bytes) / bandwidth,
                         "vs_matmul_limit": engine * flops_per_token / matmul.value})
+        before = after
+    best = limits.best_bandwidth(max(s["bandwidth_GB_s"] for s in samples) * 1e9)
+    for s in samples:  # against what this machine's memory does: bench/limits.py
+        s["vs_bandwidth_limit"] = s["vs_run_bandwidth"] * s["bandwidth_GB_s"] * 1e9 / best
+        s["best_bandwidth_GB_s"] = best / 1e9
     row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
            "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6,
            "kv_MB": kv_bytes / 1e6}
@@ -292,12 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     print_table(results, ["dtype", "batch", "engine_tok_s", "model_tok_s", "bandwidth_GB_s",
-                          "matmul_GFLOP_s", "matmul_n", "vs_bandwidth_limit", "vs_matmul_limit",
+                          "best_bandwidth_GB_s", "matmul_GFLOP_s", "matmul_n",
+                          "vs_bandwidth_limit", "vs_run_bandwidth", "vs_matmul_limit",
                           "rounds", "ratio_spread", "bw_spread", "tok_s_spread",
                           "faults_per_token", "probe_huge", "process_huge", "seconds"])
-    print("each ratio is the median over rounds of (tok/s / a limit measured just before it); "
-          "*_spread: half the range over the median, of the ratio, the bandwidth and tok/s")
+    print("each ratio is the median over rounds of tok/s over a limit: a round's limit is the "
+          "higher reading on either side of its decode; vs_bandwidth_limit divides by the best "
+          f"bandwidth this machine has read ({limits.record_path()}), vs_run_bandwidth by "
+          "this run's; *_spread: half the range over the median, of the ratio, the bandwidth "
+          "and tok/s")
     print(steadiness_note(results))
+    print(*low_probe_notes(results), sep="\n")
     print(f"peak RSS {peak_rss:.0f} MiB; bytes read per batch-{batches[0]} step "
           f"(vs_bandwidth_limit's): " + ", ".join(
               f"{r['dtype']} {r['weight_MB']:.0f} MB of weights + {r['kv_MB']:.1f} MB of KV cache"
@@ -332,6 +296,15 @@ def steadiness_note(rows: list[dict]) -> str:
             f"{worst['probe_huge']:.0%} of the probe's buffer, {worst['process_huge']:.0%} of "
             f"this process (weights). Other programs' "
             f"load moves both sides (a small VM shares its memory bus): rerun when quiet.")
+
+
+def low_probe_notes(rows: list[dict]) -> list[str]:
+    """A line for each row whose bandwidth probe read well under this machine's best."""
+    return [f"{r['dtype']} batch {r['batch']}: this run's bandwidth probe read "
+            f"{r['bandwidth_GB_s']:.0f} GB/s, this machine's best {r['best_bandwidth_GB_s']:.0f}:"
+            f" other programs' memory traffic (a VM shares the host's memory bus) lowers the "
+            f"probe more than a decode that streams less; vs_bandwidth_limit divides by the best"
+            for r in rows if r["bandwidth_GB_s"] < LOW_PROBE * r["best_bandwidth_GB_s"]]
 
 
 def print_ops(ops: dict[str, float]) -> None:
