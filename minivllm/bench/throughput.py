@@ -1,5 +1,7 @@
 """`minivllm bench throughput`: offline decode tok/s of the in-process engine, next to this
-machine's two limits, measured in the same run.
+machine's two limits (bench/limits.py), measured in the same run; the bandwidth one divided by
+is the best this machine has read, kept between runs, since other programs lower the probe far
+more than they lower decode (bench/limits.py says what moved it).
 
 - Batch 1 reads every weight once per token: its limit is memory bandwidth / the bytes a step
   reads, the weights as they are stored (a GGUF's blocks where the layers run on them:
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from minivllm.bench import limits
+from minivllm.bench.limits import LIMIT_BUDGET_S, Limit, measure_bandwidth, measure_matmul
 from minivllm.bench.common import (bench_parser, huge_page_share, median_time, page_faults,
                                    print_table, quick_mode, spread, transparent_hugepages,
                                    write_json)
@@ -39,7 +42,6 @@ from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.model import cpu_features, csrc_build, op_choice, op_selection
 from minivllm.model.attention import AttentionMetadata
-from minivllm.bench.limits import LIMIT_BUDGET_S, Limit, measure_bandwidth, measure_matmul
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.progress import tqdm
 
