@@ -18,6 +18,7 @@ import termios
 import threading
 import time
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 QUIET_S = 0.2  # how long the tests wait where nothing is supposed to arrive
@@ -149,11 +150,6 @@ SAMPLE_S = 0.005  # how often the judge looks at the waiting thread's state
 RUNNING_SHARE = 0.5  # a thread that waits in select is asleep ('S'); a spinner is running or runnable
 
 
-def _thread_state(tid: int) -> str:
-    with open(f"/proc/self/task/{tid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]  # after "(comm)": R, S, D, ...
-
-
 def _recv_asleep(r):
     """recv() with nothing to come, on a thread whose state the judge samples: waiting in
     select is sleeping, whatever the load; polling os.read in a loop is running (or runnable)."""
@@ -171,7 +167,7 @@ def _recv_asleep(r):
     while t.is_alive():
         if tid:
             try:
-                states.append(_thread_state(tid[0]))
+                states.append(procfs.thread_state(tid[0]))
             except OSError:
                 break  # the thread ended between the check and the read
         time.sleep(SAMPLE_S)
@@ -273,7 +269,7 @@ def channel(impl):
         kind, head = type(got).__name__, bytes(got[:8]) if got is not None else None
         _close_anyway(ch, got)
         raise Fail("recv() must return a copy (bytes): the ack lets the sender reuse the slot, so a "
-                   "view into the segment changes under the caller", expected=f"bytes, 60000 x b'A'",
+                   "view into the segment changes under the caller", expected="bytes, 60000 x b'A'",
                    got=f"{kind} starting {head!r}", input="send(A), recv(), send(B), send(C)")
     check_equal([r.recv(timeout=1.0), r.recv(timeout=1.0)], [b, c], "the next two messages")
     s.flush(timeout=1.0)
@@ -282,9 +278,8 @@ def channel(impl):
     still_open = [fd for fd in fds if _is_open(fd)]
     if still_open:
         raise Fail("close() must close all four pipe ends", got=f"fds {still_open} still open")
-    with open("/proc/self/maps") as f:
-        if name in f.read():
-            raise Fail(f"after close() this process still maps /dev/shm/{name}: close the segment")
+    if procfs.maps_shm(name):
+        raise Fail(f"after close() this process still maps /dev/shm/{name}: close the segment")
     if os.path.exists(f"/dev/shm/{name}"):
         raise Fail(f"after close() /dev/shm/{name} still exists: the creator must unlink the segment")
 

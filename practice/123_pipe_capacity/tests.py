@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, scaled, test
 
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
@@ -194,11 +195,11 @@ def _blocker():
                             stdout=subprocess.PIPE, bufsize=0)
 
 
-def _wake_when_asleep(pid: int, stat: str, write_fd: int, what: str) -> None:
+def _wake_when_asleep(stat: str, write_fd: int, what: str) -> None:
     """Write one byte to write_fd once the thread whose /proc stat file is `stat` is seen
     asleep (S): it is blocked in its read, so that read was one voluntary switch."""
     deadline = time.monotonic() + WAIT_S
-    while _state(pid, stat) != "S":
+    while procfs.stat_state(stat) != "S":
         if time.monotonic() > deadline:
             raise Fail(f"{what} was never seen blocked in its read")  # the machine is stuck
         time.sleep(0.0002)
@@ -213,8 +214,7 @@ def counts_voluntary_switches(impl):
         for _ in range(BLOCKS):
             if proc.stdout.read(1) != b"r":
                 raise Fail("the probe child died")  # the machine is broken
-            _wake_when_asleep(proc.pid, f"/proc/{proc.pid}/stat", proc.stdin.fileno(),
-                              "the probe child")
+            _wake_when_asleep(f"/proc/{proc.pid}/stat", proc.stdin.fileno(), "the probe child")
         proc.stdout.read(1)
         got = impl.voluntary_switches(proc.pid)
         if not isinstance(got, int) or got < BLOCKS:
@@ -232,7 +232,7 @@ def counts_voluntary_switches(impl):
         before = impl.voluntary_switches(os.getpid())
         with ThreadPoolExecutor(1) as pool:
             for _ in range(BLOCKS):
-                waker = pool.submit(_wake_when_asleep, os.getpid(), me, w, "this process")
+                waker = pool.submit(_wake_when_asleep, me, w, "this process")
                 os.read(r, 1)
                 waker.result()
         delta = impl.voluntary_switches(os.getpid()) - before
@@ -250,14 +250,6 @@ def counts_voluntary_switches(impl):
                got=got, input=f"pid {proc.pid}, exited and reaped")
 
 
-def _state(pid: int, stat: str = "") -> str:
-    """The state letter from /proc/<pid>/stat, or another stat file (R running, S sleeping,
-    Z exited)."""
-    try:
-        with open(stat or f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return "X"
 
 
 def _slow_read(impl, total: int, pipe_size: int) -> tuple[int, int]:
@@ -273,10 +265,12 @@ def _slow_read(impl, total: int, pipe_size: int) -> tuple[int, int]:
             want = min(pipe_size, total - got)
             more = got + want < total  # the writer still has bytes: it must wait for room
             deadline = time.monotonic() + WAIT_S
-            while _waiting(writer.read_fd) < want or (more and _state(writer.pid) != "S"):
+            while (_waiting(writer.read_fd) < want
+                   or (more and procfs.process_state(writer.pid) != "S")):
                 if time.monotonic() > deadline:
+                    state = procfs.process_state(writer.pid)
                     raise Fail(f"the pipe held {_waiting(writer.read_fd)} bytes after {got} were "
-                               f"read (the writer in state {_state(writer.pid)}), and no more "
+                               f"read (the writer in state {state}), and no more "
                                f"came within {WAIT_S:g} s", expected=f"{want} bytes waiting",
                                got=_waiting(writer.read_fd))
                 time.sleep(0.0005)
@@ -320,7 +314,7 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
         pass
     else:
         raise Fail(f"{when}: {process_left}")
-    left = len(os.listdir("/proc/self/fd")) - fds
+    left = procfs.fd_count() - fds
     if left:
         raise Fail(f"{when}: transfer() left {left} file descriptors open: close both pipe ends",
                    expected=0, got=left)
@@ -329,7 +323,7 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
 @test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = procfs.fd_count()
     for total, pipe_size in ((8 * MIB, 64 * KIB), (3 * MIB + 123, min(MIB, _real_max()))):
         t = impl.transfer(total, pipe_size)
         what = f"transfer({total}, {pipe_size})"
@@ -350,21 +344,8 @@ def transfer_end_to_end(impl):
     raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
 
 
-def _reaped(pid: int) -> bool:
-    """Whether the learner's code reaped this child (a zombie left for us reads False)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
 
 
-def _kill_and_reap(pid: int) -> None:
-    _signal(pid, signal.SIGKILL)
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
 
 
 def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
@@ -380,7 +361,7 @@ def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
         done.set()
     threading.Thread(target=run, daemon=True).start()
     if not done.wait(timeout + scaled(8.0)):
-        _signal(writer.pid, signal.SIGKILL)
+        procfs.signal_quietly(writer.pid, signal.SIGKILL)
         done.wait(WAIT_S)
         return "hung", time.monotonic() - started
     return outcome[0], time.monotonic() - started
@@ -392,9 +373,9 @@ def finish_reports_errors(impl):
     writer = impl.Writer(64 * MIB, 64 * KIB)
     try:
         got, _ = _finish_in_thread(writer, WAIT_S)
-        reaped = _reaped(writer.pid)
+        reaped = procfs.reaped(writer.pid)
     finally:
-        _kill_and_reap(writer.pid)
+        procfs.kill_and_reap(writer.pid)
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer that exited with code 1 (its reader closed the pipe "
                    "first: EPIPE) must raise RuntimeError; the count of a failed transfer "
@@ -406,9 +387,9 @@ def finish_reports_errors(impl):
     os.kill(writer.pid, signal.SIGSTOP)  # alive, and never exits by itself
     try:
         got, took = _finish_in_thread(writer, 0.5)
-        reaped = _reaped(writer.pid)
+        reaped = procfs.reaped(writer.pid)
     finally:
-        _kill_and_reap(writer.pid)
+        procfs.kill_and_reap(writer.pid)
     if got == "hung":
         raise Fail(f"finish(timeout=0.5) of a stopped writer had not returned {took:.1f} s "
                    "later, when the judge killed the writer: wait with a deadline (wait4 with "
@@ -447,17 +428,17 @@ class _StoppedWriter:
     def trickle(self):
         while not self.stop.wait(TRICKLE_S) and time.monotonic() < self.until:
             for pid in self.pids:
-                _signal(pid, signal.SIGCONT)
+                procfs.signal_quietly(pid, signal.SIGCONT)
             time.sleep(0.002)
             for pid in self.pids:
-                _signal(pid, signal.SIGSTOP)
+                procfs.signal_quietly(pid, signal.SIGSTOP)
 
     def give_up(self):
         """The transfer has not given up: end the trickle and the writer (short data)."""
         self.stop.set()
         self.gave_up = True
         for pid in self.pids:
-            _signal(pid, signal.SIGKILL)
+            procfs.signal_quietly(pid, signal.SIGKILL)
 
     def __enter__(self):
         os.fork, select.select = self.fork, self.select
@@ -469,18 +450,13 @@ class _StoppedWriter:
         os.fork, select.select = self.real_fork, self.real_select
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @test(input="transfer(64 MiB, 64 KiB, timeout=1.0) from a writer that is stopped and let run "
             "for 2 ms every 0.25 s for 1 s, then stalls (times stretched on a busy machine)",
       timeout=30)
 def stopped_writer_times_out(impl):
-    asked, fds = 1.0 * S, len(os.listdir("/proc/self/fd"))
+    asked, fds = 1.0 * S, procfs.fd_count()
     call = f"transfer(timeout={asked:.2g})"
     started = time.monotonic()
     with _StoppedWriter(until=started + asked) as w:

@@ -16,6 +16,7 @@ import time
 
 import zmq
 
+from minivllm.judge import procfs
 from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
@@ -116,14 +117,10 @@ def identity(impl):
         raise Fail(f"{call.__name__}({bad!r}) must raise ValueError", input=repr(bad))
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 @test(input="FrontEnd(ipc in, ipc out, 1); close(); close()")
 def close_removes_socket_files(impl):
     with IpcDir() as d:
-        before = _open_fds()
+        before = procfs.fd_count()
         fe = impl.FrontEnd(d.path("in"), d.path("out"), 1)
         files = [os.path.join(d.dir, n) for n in ("in", "out")]
         for f in files:
@@ -135,7 +132,7 @@ def close_removes_socket_files(impl):
             raise Fail("after close() these socket files still exist: libzmq 4.3 does not "
                        "remove the file of a bound ipc:// socket; close() must os.unlink it",
                        got=left)
-        opened = _open_fds() - before
+        opened = procfs.fd_count() - before
         if opened > 0:
             raise Fail(f"close() left {opened} file descriptors open: close both sockets and "
                        "terminate the context (ctx.term())", expected=0, got=opened)

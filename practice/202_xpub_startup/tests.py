@@ -17,6 +17,7 @@ import time
 
 import zmq
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
@@ -111,14 +112,10 @@ def counts_every_subscriber(impl):
             ctx.term()
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 @test(input="Publisher(ipc address); close(); close()")
 def close_removes_socket_file(impl):
     with IpcDir() as d:
-        before = _open_fds()
+        before = procfs.fd_count()
         pub = impl.Publisher(d.path("pub"))
         path = os.path.join(d.dir, "pub")
         if not os.path.exists(path):
@@ -127,7 +124,7 @@ def close_removes_socket_file(impl):
         if os.path.exists(path):
             raise Fail("after close() the socket file still exists: libzmq 4.3 does not remove "
                        "the file of a bound ipc:// socket; close() must os.unlink it", got=path)
-        opened = _open_fds() - before
+        opened = procfs.fd_count() - before
         if opened > 0:
             raise Fail(f"close() left {opened} file descriptors open: close the socket and "
                        "terminate the context (ctx.term())", expected=0, got=opened)

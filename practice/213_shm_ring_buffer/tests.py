@@ -7,6 +7,7 @@ import os
 import random
 import time
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.judge.interleave import InstrumentedBuffer, Violation, explore
 
@@ -268,10 +269,9 @@ def cleanup(impl):
                    "name=owner.name).unlink()")
     other.close()
     owner.close()
-    with open("/proc/self/maps") as f:
-        if name in f.read():
-            raise Fail(f"after close() this process still maps /dev/shm/{name}: close() must "
-                       "unmap the segment (SharedMemory.close())")
+    if procfs.maps_shm(name):
+        raise Fail(f"after close() this process still maps /dev/shm/{name}: close() must "
+                   "unmap the segment (SharedMemory.close())")
     owner.unlink()
     if os.path.exists(f"/dev/shm/{name}"):
         raise Fail(f"after unlink() /dev/shm/{name} still exists: the creator must unlink it")

@@ -7,13 +7,13 @@ inside execute until the test lets it go, so an abort lands mid-step every time,
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import msgspec
 import zmq
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.utils.zmq import IpcDir
 
@@ -305,7 +305,7 @@ def shutdown_with_front_end_gone(impl):
 @test(input="an engine with one finished request; [b'SHUTDOWN']")
 def shutdown_joins_threads(impl):
     before_threads = set(threading.enumerate())
-    before_fds = len(os.listdir("/proc/self/fd"))
+    before_fds = procfs.fd_count()
     h = Harness(impl, GatedModel(), 4)
     try:
         h.add("r0", 1, 2)
@@ -320,7 +320,7 @@ def shutdown_joins_threads(impl):
         raise Fail("threads still running after run_busy_loop returned: stop the IO threads "
                    "(a flag the input thread polls; a sentinel on output_queue) and join them",
                    got=left)
-    fds = len(os.listdir("/proc/self/fd")) - before_fds
+    fds = procfs.fd_count() - before_fds
     if fds > 0:
         raise Fail(f"{fds} file descriptors left open after shutdown: each thread closes its "
                    "socket, then ctx.term()", expected=0, got=fds)
