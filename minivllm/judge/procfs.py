@@ -48,17 +48,21 @@ def signal_quietly(pid: int, sig: int) -> None:
 
 
 def reaped(pid: int) -> bool:
-    """Whether this child has been waited for (by the learner's code); a zombie reads False,
-    and then stays one for the caller to reap."""
+    """Whether this child has been waited for (by the learner's code). Asking reaps nothing
+    (WNOWAIT): a zombie reads False and stays one for kill_and_reap, so its pid cannot have
+    gone to another process in between."""
     try:
-        os.waitpid(pid, os.WNOHANG)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return True
     return False
 
 
 def kill_and_reap(pid: int) -> None:
-    """SIGKILL a child of this process and wait for it, whatever state it is in."""
+    """SIGKILL a child of this process and wait for it, whatever state it is in; nothing for
+    one already reaped, whose pid may belong to another process by now."""
+    if reaped(pid):
+        return
     signal_quietly(pid, 9)  # SIGKILL
     try:
         os.waitpid(pid, 0)
