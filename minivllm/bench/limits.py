@@ -89,7 +89,6 @@ def measure_matmul(dtype: torch.dtype, budget_s: float,
     return Limit(max(2 * n ** 3 / min(t) for t in runs), sum(map(len, runs)), n)
 
 
-
 def record_path() -> Path:
     return csrc_build.cache_dir().parent / "bandwidth.json"
 
@@ -115,11 +114,12 @@ def best_bandwidth(reading: float) -> float:
     except (OSError, ValueError):
         record = {}
     key = machine_key()
-    top = max(reading, float(record.get(key, 0.0)))
-    if top > record.get(key, 0.0):
-        record[key] = top
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")  # a second run writing at once: last wins
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, p)
-    return top
+    saved = float(record.get(key, 0.0))
+    if reading <= saved:
+        return saved
+    record[key] = reading
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(f".{os.getpid()}.tmp")  # a second run writing at once: last wins
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, p)
+    return reading

@@ -37,7 +37,8 @@ from minivllm.utils.progress import tqdm
 TENSOR_MIB = 64
 QUICK_TENSOR_MIB = 16  # quick mode: a smaller tensor, same comparison
 BATCH_REPEATS, QUICK_BATCH_REPEATS = 200, 30
-TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 9, 3  # deliveries per round (9: see figures/reference_numbers.md)
+# deliveries per round; 9 halved the five-run spread of the socket ratio (reference_numbers.md)
+TRANSFER_REPEATS, QUICK_TRANSFER_REPEATS = 9, 3
 TRANSFER_ROUNDS, QUICK_TRANSFER_ROUNDS = 5, 1  # every case once per round, in turn
 MIB = 1024**2
 STEADY_SPREAD = 0.10  # a ratio whose rounds lie within +-10% of their median is steady

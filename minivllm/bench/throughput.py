@@ -1,6 +1,6 @@
 """`minivllm bench throughput`: offline decode tok/s of the in-process engine, next to this
-machine's two limits (bench/limits.py), measured in the same run; the bandwidth one divided by
-is the best this machine has read, kept between runs, since other programs lower the probe far
+machine's two limits (bench/limits.py), measured in the same run. Batch 1 is divided by the
+best bandwidth this machine has read, kept between runs: other programs lower the probe far
 more than they lower decode (bench/limits.py says what moved it).
 
 - Batch 1 reads every weight once per token: its limit is memory bandwidth / the bytes a step
@@ -135,6 +135,7 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
     model = core.model_executor.driver_worker.model_runner.model
     weight_bytes = model.weight_bytes_per_step()
     kv_bytes = batch * (rp.prompt_len + 1) * cfg.kv_bytes_per_token
+    step_bytes_per_tok = (weight_bytes + kv_bytes) / batch
     flops_per_token = 2 * cfg.model_config.num_params
 
     def read_limits() -> tuple[Limit, Limit, int]:
@@ -157,13 +158,12 @@ def measure_row(core: EngineCore, dtype: str, batch: int, rp: RowPlan, budget_s:
                         "process_huge": huge_page_share() or 0.0, "engine_tok_s": engine,
                         "model_tok_s": model_tok_s, "bandwidth_GB_s": bandwidth / 1e9,
                         "matmul_GFLOP_s": matmul.value / 1e9, "matmul_n": matmul.size,
-                        "vs_run_bandwidth":
-                            engine / batch * (weight_bytes + kv_bytes) / bandwidth,
+                        "vs_run_bandwidth": engine * step_bytes_per_tok / bandwidth,
                         "vs_matmul_limit": engine * flops_per_token / matmul.value})
         before = after
     best = limits.best_bandwidth(max(s["bandwidth_GB_s"] for s in samples) * 1e9)
     for s in samples:  # against what this machine's memory does: bench/limits.py
-        s["vs_bandwidth_limit"] = s["vs_run_bandwidth"] * s["bandwidth_GB_s"] * 1e9 / best
+        s["vs_bandwidth_limit"] = s["engine_tok_s"] * step_bytes_per_tok / best
         s["best_bandwidth_GB_s"] = best / 1e9
     row = {"dtype": dtype, "batch": batch, "rounds": rp.rounds, "context": rp.prompt_len,
            "emulated": rp.emulated is not None, "weight_MB": weight_bytes / 1e6,

@@ -5,6 +5,7 @@ exercises are)."""
 from __future__ import annotations
 
 import os
+import signal
 
 
 def stat_state(path: str) -> str:
@@ -63,7 +64,7 @@ def kill_and_reap(pid: int) -> None:
     one already reaped, whose pid may belong to another process by now."""
     if reaped(pid):
         return
-    signal_quietly(pid, 9)  # SIGKILL
+    signal_quietly(pid, signal.SIGKILL)
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:

@@ -11,8 +11,8 @@ slicing input columns (row parallelism) cuts whole blocks where in / N is a mult
 The matrices, the output head included, are repacked at load (repack: the same bytes, each
 row's blocks in groups of 16 with the blocks across the vector lanes, csrc/quant_blocks.h) where
 the C kernels take that layout, since their batch-1 GEMV then does a group's per-block work in
-one vector operation (csrc/quant_gemv.c). llama.cpp repacks Q4_0 for its CPU kernels at load in the same
-spirit (its interleaved Q4_0 8x8 layout), as vLLM's CPU backend prepacks its weights.
+one vector operation (csrc/quant_gemv.c). llama.cpp repacks Q4_0 for its CPU kernels at load
+in the same spirit (its interleaved Q4_0 8x8 layout), as vLLM's CPU backend prepacks its weights.
 
 RMSNorm's weight cannot be folded into a quantized matrix (llama.py fold_norm) without
 re-quantizing it; the norm applies it instead (llama.py LayerWeights.input_norm, post_norm).

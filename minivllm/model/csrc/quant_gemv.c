@@ -77,16 +77,16 @@ static inline __attribute__((always_inline)) fvec groups_dot(
     const int sb = scale_bytes(qtype), group_bytes = GROUP * block_bytes(qtype);
     for (int64_t g = 0; g < ng; g++, row += group_bytes, x += GROUP * QK, c += GROUP) {
         const uint8_t *q = row + GROUP * sb;
-        for (int h = 0; h < GROUP && qtype == GGML_Q8_0; h += LANES) {  // a byte a weight
-            fvec a[4] = {0};
-            for (int t = 0; t < QK; t += 4)
-                for (int i = 0; i < 4; i++)
-                    a[i] = fmadd(widen_i8(q + (t + i) * GROUP + h), loadf(x + (t + i) * GROUP + h),
-                                 a[i]);
-            acc = fmadd(load_halves(row + 2 * h), (a[0] + a[1]) + (a[2] + a[3]), acc);
-        }
-        for (int h = 0; h < GROUP && qtype != GGML_Q8_0; h += LANES) {
-            fvec a[4] = {0};  // low and high nibbles of even and odd bytes: four chains
+        for (int h = 0; h < GROUP; h += LANES) {
+            fvec a[4] = {0};  // four chains: bytes t + i (Q8_0), or both nibbles of two bytes
+            if (qtype == GGML_Q8_0) {  // a byte a weight
+                for (int t = 0; t < QK; t += 4)
+                    for (int i = 0; i < 4; i++)
+                        a[i] = fmadd(widen_i8(q + (t + i) * GROUP + h),
+                                     loadf(x + (t + i) * GROUP + h), a[i]);
+                acc = fmadd(load_halves(row + 2 * h), (a[0] + a[1]) + (a[2] + a[3]), acc);
+                continue;
+            }
             for (int i = 0; i < 16; i += 2) {
                 const ivec v0 = widen_u8(q + i * GROUP + h), v1 = widen_u8(q + (i + 1) * GROUP + h);
                 a[0] = fmadd(low_nibbles(v0), loadf(x + i * GROUP + h), a[0]);
