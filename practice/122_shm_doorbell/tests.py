@@ -166,10 +166,10 @@ def _recv_asleep(r):
     states = []
     while t.is_alive():
         if tid:
-            try:
-                states.append(procfs.thread_state(tid[0]))
-            except OSError:
+            state = procfs.thread_state(tid[0])
+            if state == "X":
                 break  # the thread ended between the check and the read
+            states.append(state)
         time.sleep(SAMPLE_S)
     t.join()
     running = states.count("R")

@@ -250,8 +250,6 @@ def counts_voluntary_switches(impl):
                got=got, input=f"pid {proc.pid}, exited and reaped")
 
 
-
-
 def _slow_read(impl, total: int, pipe_size: int) -> tuple[int, int]:
     """Drain a Writer only when its pipe is full and the writer is seen asleep waiting for room;
     (the writer's switches, the times it was seen asleep: each is a voluntary switch)."""
@@ -342,10 +340,6 @@ def transfer_end_to_end(impl):
     except ValueError:
         return
     raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
-
-
-
-
 
 
 def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
@@ -448,8 +442,6 @@ class _StoppedWriter:
 
     def __exit__(self, *exc):
         os.fork, select.select = self.real_fork, self.real_select
-
-
 
 
 @test(input="transfer(64 MiB, 64 KiB, timeout=1.0) from a writer that is stopped and let run "
