@@ -51,8 +51,11 @@ def unpack(chunk) -> list[bytes] | None:
     overflow, count = HEADER.unpack_from(chunk, 0)
     if overflow:
         return None
-    lengths = struct.unpack_from(f"<{count}I", chunk, HEADER.size)  # unsigned: up to 4 GiB
     offset = HEADER.size + LENGTH_BYTES * count
+    if offset > memoryview(chunk).nbytes:  # a torn count: struct would raise struct.error
+        raise ValueError(f"{count} frame lengths reach past the end of this "
+                         f"{memoryview(chunk).nbytes}-byte chunk")
+    lengths = struct.unpack_from(f"<{count}I", chunk, HEADER.size)  # unsigned: up to 4 GiB
     if offset + sum(lengths) > memoryview(chunk).nbytes:
         raise ValueError(f"frame lengths {list(lengths)} reach past the end of this "
                          f"{memoryview(chunk).nbytes}-byte chunk")

@@ -30,11 +30,13 @@ ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled
 
 
 class JudgeEngine(threading.Thread):
-    """A correct engine: connects after `delay` s, says READY, reverses prompts, records them."""
+    """A correct engine: connects after `delay` s, says READY, reverses prompts, records them.
+    A `deaf` one says READY, then reads nothing until stopped (a hung engine)."""
 
-    def __init__(self, ctx, rank, d, delay=0.0, readies=1):
+    def __init__(self, ctx, rank, d, delay=0.0, readies=1, deaf=False):
         super().__init__(daemon=True)
         self.ctx, self.rank, self.d, self.delay, self.readies = ctx, rank, d, delay, readies
+        self.deaf = deaf
         self.requests: list[str] = []
         self.stop = threading.Event()
         self.start()
@@ -51,6 +53,8 @@ class JudgeEngine(threading.Thread):
         for _ in range(self.readies):  # more than one: an engine that reconnected
             dealer.send(b"READY")
         try:
+            if self.deaf:
+                self.stop.wait()
             while not self.stop.is_set():
                 if not dealer.poll(20):
                     continue
@@ -73,10 +77,10 @@ class JudgeEngine(threading.Thread):
 class Bench(EngineBench):
     """A learner FrontEnd plus judge engines; closes everything whatever the test did."""
 
-    def __init__(self, impl, n_engines, delays, readies=1):
+    def __init__(self, impl, n_engines, delays, readies=1, deaf=False):
         super().__init__()
         self.fe = self.learner = impl.FrontEnd(self.d.path("in"), self.d.path("out"), n_engines)
-        self.engines = [JudgeEngine(self.ctx, r, self.d, delay, readies)
+        self.engines = [JudgeEngine(self.ctx, r, self.d, delay, readies, deaf)
                         for r, delay in enumerate(delays)]
 
 
@@ -102,14 +106,16 @@ def _finish(proc, what):
                    expected=0, got=proc.returncode, detail=err[-2000:])
 
 
-@test(input="engine_identity(r) for r in 0, 3, 258, 65535; rank_of of each; -1, 65536, b'\\x03'")
+@test(input="engine_identity(r) for r in 0, 3, 258, 65535; rank_of of each; -1, 65536, b'\\x03', "
+      "b'\\x03\\x00\\x00'")
 def identity(impl):
     for rank, ident in [(0, b"\x00\x00"), (3, b"\x03\x00"), (258, b"\x02\x01"),
                         (65535, b"\xff\xff")]:
         check_equal(impl.engine_identity(rank), ident,
                     f"engine_identity({rank}) (2 bytes, little endian)")
         check_equal(impl.rank_of(ident), rank, f"rank_of({ident!r})")
-    for bad, call in [(-1, impl.engine_identity), (65536, impl.engine_identity), (b"\x03", impl.rank_of)]:
+    for bad, call in [(-1, impl.engine_identity), (65536, impl.engine_identity),
+                      (b"\x03", impl.rank_of), (b"\x03\x00\x00", impl.rank_of)]:
         try:
             call(bad)
         except ValueError:
@@ -137,6 +143,28 @@ def close_removes_socket_files(impl):
             raise Fail(f"close() left {opened} file descriptors open: close both sockets and "
                        "terminate the context (ctx.term())", expected=0, got=opened)
         fe.close()
+
+
+STUCK_MESSAGES, STUCK_BYTES = 3000, 65536  # far more than a hung engine's socket buffers take
+
+
+@test(input=f"1 engine says READY, then reads nothing (hung); {STUCK_MESSAGES} requests of "
+            f"{STUCK_BYTES} bytes to it; close()", timeout=30)
+def close_with_a_stuck_engine(impl):
+    with Bench(impl, 1, [0], deaf=True) as b:
+        b.fe.wait_ready(START_S)
+        for i in range(STUCK_MESSAGES):
+            b.fe.add_request(f"s{i}", b"x" * STUCK_BYTES)
+        closing = threading.Thread(target=b.fe.close, daemon=True)
+        closing.start()
+        closing.join(scaled(5.0))
+        if closing.is_alive():
+            b.engines[0].stop.set()  # the engine leaves: its queued requests go, close() returns
+            closing.join(STOP_S)
+            raise Fail(f"close() had not returned {scaled(5.0):g} s after it began, with "
+                       "requests queued for an engine that stopped reading: ctx.term() waits "
+                       "for them as long as the ROUTER's linger says, forever by default. Set "
+                       "a bounded zmq.LINGER (vLLM uses 0) on the front end's sockets")
 
 
 @contextlib.contextmanager
@@ -228,7 +256,8 @@ def outputs_leave_after_stop(impl):
 
 
 @test(input="FrontEnd(n_engines=3); engines 0, 1, 2 connect 0.3, 0.6, 0.9 s late; "
-            "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'", timeout=20)
+            "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'; wait_ready(0.5) "
+            "again", timeout=20)
 def waits_for_every_engine(impl):
     with Bench(impl, 3, [0.3, 0.6, 0.9]) as b:
         ready = b.fe.wait_ready(10)
@@ -242,6 +271,13 @@ def waits_for_every_engine(impl):
                            "engine has sent READY.", expected=[f"to-{e.rank}"], got=e.requests)
         check_equal(routed, [2, 0, 1], "add_request(..., engine=r) return values")
         check_equal(ready, [0, 1, 2], "wait_ready()")
+        try:
+            again = b.fe.wait_ready(0.5)
+        except TimeoutError as e:
+            raise Fail("a second wait_ready() must return at once: the engines that said READY "
+                       "before still count (they will not say it again)",
+                       got=f"TimeoutError: {e}") from None
+        check_equal(again, [0, 1, 2], "a second wait_ready()")
 
 
 @test(input="3 ready engines; add_request without engine x4, then engine=2, then without x3",
@@ -261,7 +297,8 @@ def round_robin(impl):
             check_equal(e.requests, want, f"the requests engine {e.rank} received, in order")
 
 
-@test(input="3 ready engines, 9 requests, get_outputs(9, 5), then get_outputs(1, 0.3)",
+@test(input="3 ready engines, 9 requests, get_outputs(9, 5), then get_outputs(0, 0.3) and "
+      "get_outputs(1, 0.3)",
       timeout=15, hang="get_outputs must give up after its timeout: poll, never a bare recv.")
 def gathers_outputs(impl):
     with Bench(impl, 3, [0, 0, 0]) as b:
@@ -274,6 +311,12 @@ def gathers_outputs(impl):
         outputs = b.fe.get_outputs(9, 5)
         check_equal(sorted(outputs), sorted(expected),
                     "the outputs (request_id, rank, output), sorted")
+        try:
+            none = b.fe.get_outputs(0, 0.3)
+        except TimeoutError as e:
+            raise Fail("get_outputs(0, ...) must return [] at once: check the count before "
+                       "waiting for an output", got=f"TimeoutError: {e}") from None
+        check_equal(none, [], "get_outputs(0, 0.3)")
         try:
             extra = b.fe.get_outputs(1, 0.3)
         except TimeoutError:

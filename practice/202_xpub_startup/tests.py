@@ -112,8 +112,9 @@ def counts_every_subscriber(impl):
             ctx.term()
 
 
-@test(input="Publisher(ipc address); close(); close()")
+@test(input="Publisher(ipc address); close(); close(); the judge holds zmq.Context.instance()")
 def close_removes_socket_file(impl):
+    shared = zmq.Context.instance()  # the process-wide context: other code's sockets live on it
     with IpcDir() as d:
         before = procfs.fd_count()
         pub = impl.Publisher(d.path("pub"))
@@ -121,6 +122,10 @@ def close_removes_socket_file(impl):
         if not os.path.exists(path):
             raise Fail(f"Publisher() must bind its XPUB: {path} does not exist")
         pub.close()
+        if shared.closed:
+            raise Fail("close() terminated the process-wide zmq.Context.instance(), which other "
+                       "code in the process shares: Publisher creates and terminates its own "
+                       "context (zmq.Context())")
         if os.path.exists(path):
             raise Fail("after close() the socket file still exists: libzmq 4.3 does not remove "
                        "the file of a bound ipc:// socket; close() must os.unlink it", got=path)
@@ -251,6 +256,8 @@ def waits_count_in_total(impl):
                            "wait_for_subscribers(3) must return: it counts in total, from the "
                            "start, not afresh at each call", got=f"TimeoutError: {e}") from None
             check_equal(seen, 3, "wait_for_subscribers(3) after the third subscription")
+            check_equal(pub.wait_for_subscribers(2, IN_PROCESS_JOIN_S), 3,
+                        "wait_for_subscribers(2) after 3 subscriptions: the count, not n")
         finally:
             stop.set()
             joiner.join()
@@ -285,14 +292,15 @@ def your_subscribers(impl):
 
 
 
-@test(input=f"your receive(address, 6, {TRICKLE_IDLE_S:.2g}) in a process; your Publisher "
-            f"sends a message every {TRICKLE_S:.2g} s", timeout=30)
+@test(input=f"your receive(address, 7, {TRICKLE_IDLE_S:.2g}) in a process; your Publisher "
+            f"sends 6 messages, one every {TRICKLE_S:.2g} s, then nothing (and stays open)",
+      timeout=30)
 def receive_waits_per_message(impl):
     messages = [f"slow {i}" for i in range(6)]
     with IpcDir() as d:
-        pub = impl.Publisher(d.path("pub"))
-        procs = [_start(RECEIVE_CODE.format(module=impl.__name__), d.path("pub"), len(messages),
-                        TRICKLE_IDLE_S)]
+        pub = impl.Publisher(d.path("pub"))  # asked for one more than it gets: returns the 6
+        procs = [_start(RECEIVE_CODE.format(module=impl.__name__), d.path("pub"),
+                        len(messages) + 1, TRICKLE_IDLE_S)]
         try:
             pub.wait_for_subscribers(1, YOUR_JOIN_S)
             for m in messages:
@@ -303,7 +311,7 @@ def receive_waits_per_message(impl):
             kill_if_alive(*procs)
             pub.close()
         if got != messages:
-            raise Fail(f"receive(address, 6, timeout={TRICKLE_IDLE_S:.2g}) returned {len(got)} of "
+            raise Fail(f"receive(address, 7, timeout={TRICKLE_IDLE_S:.2g}) returned {len(got)} of "
                        f"6 messages that came every {TRICKLE_S:.2g} s: `timeout` is how long it "
                        f"waits for the next message, counted from the last one, not a limit on "
                        f"the whole call", expected=messages, got=got)

@@ -78,7 +78,8 @@ def layout(impl):
                             f"read_flag_offset(chunk={i}, reader={r})", where)
 
 
-@test(input="2 readers, 3 chunks of 16 bytes, one thread, a plain bytearray",
+@test(input="2 readers, 3 chunks of 16 bytes, one thread, a plain bytearray; then 1 reader, 1 "
+      "chunk, a memoryview buffer (as shm.buf is)",
       hang="try_write or try_read must return at once (False / None) instead of waiting.")
 def write_then_read(impl):
     n, c, b = 2, 3, 16
@@ -102,6 +103,16 @@ def write_then_read(impl):
                        "chunk out, a reader must set its own read flag, so that it skips the chunk "
                        "until the writer refills it (and so that the writer may refill it)",
                        expected=None, got=again, input=f"try_read after reader {r} read all {c}")
+    shm_like = memoryview(bytearray(16 + 2))  # shm.buf is a memoryview: its slices are views
+    writer, reader = impl.RingWriter(shm_like, 1, 1, 16), impl.RingReader(shm_like, 0, 1, 1, 16)
+    writer.try_write(b"first")
+    first = reader.try_read()
+    writer.try_write(b"SECOND")  # the chunk is consumed: the writer refills it
+    if first is None or bytes(first) != b"first":
+        raise Fail("a message try_read returned changed when the writer refilled its chunk: "
+                   "copy the payload out (bytes(buf[a:b])); a slice of shared memory is a view",
+                   expected=b"first", got=None if first is None else bytes(first),
+                   input="a memoryview buffer, 1 reader, 1 chunk: write, read, write again")
 
 
 @test(input="3 readers, 3 chunks of 16 bytes: your writer against the judge's reader, "
@@ -269,6 +280,10 @@ def cleanup(impl):
                    "name=owner.name).unlink()")
     other.close()
     owner.close()
+    if not os.path.exists(f"/dev/shm/{name}"):
+        raise Fail(f"the creator's close() removed /dev/shm/{name}: close() only unmaps the "
+                   "segment in this process; a reader that attaches later must still find it "
+                   "until the creator calls unlink()", input="owner.close()")
     if procfs.maps_shm(name):
         raise Fail(f"after close() this process still maps /dev/shm/{name}: close() must "
                    "unmap the segment (SharedMemory.close())")

@@ -30,7 +30,8 @@ def layout(impl):
     check_equal(impl.unpack(chunk), frames, "unpack of that chunk")
 
 
-@test(input="chunks of 64 bytes; messages of exactly 64 and of 65 packed bytes")
+@test(input="chunks of 64 bytes; messages of exactly 64 and of 65 packed bytes; a message of 0 "
+      "frames in a 3-byte chunk")
 def exact_fit(impl):
     check_equal(impl.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
     exact = [bytes(64 - 3 - 4)]  # one frame: header 3 + length 4 + 57 bytes = 64
@@ -48,6 +49,10 @@ def exact_fit(impl):
                    "bytes 1..63 of a chunk that held 0xee", expected=b"\xee" * 8,
                    got=bytes(chunk[1:9]), input="one 58-byte frame into a 64-byte chunk")
     check_equal(impl.unpack(chunk), None, "unpack of an overflow marker")
+    chunk = bytearray(3)  # an empty message: the header alone fills a 3-byte chunk
+    check_equal(impl.pack_into(chunk, []), True, "pack_into of no frames into a 3-byte chunk")
+    check_equal(bytes(chunk), b"\x00\x00\x00", "the packed bytes of no frames")
+    check_equal(impl.unpack(chunk), [], "unpack of a message of 0 frames (not an overflow)")
 
 
 @test(input="frames: memoryview(array('i', range(10))) (40 bytes, 10 items) and b'z'; then "
@@ -92,27 +97,39 @@ def copy_out(impl):
                    expected=[b"first message"], got=got)
 
 
+def _header(lengths) -> bytes:
+    return bytes([0]) + len(lengths).to_bytes(2, "little") + b"".join(
+        n.to_bytes(4, "little") for n in lengths)
+
+
+UNSIGNED = ("The lengths are unsigned u32 ('<I'): 0xffffffff is 4,294,967,295 bytes; read as "
+            "signed ('<i') it is -1, and the frames come out of the wrong bytes")
+TORN = [(_header([0x8000_0005]), "1 frame of length 0x80000005. " + UNSIGNED),
+        (_header([5, 0xFFFF_FFFF]), "2 frames of lengths 5 and 0xffffffff. " + UNSIGNED),
+        (_header([58]), "1 frame of 58 bytes: 3 + 4 + 58 = 65, one byte past the end (count "
+                        "the header and the lengths too)"),
+        (b"\x00\xff\xff", "a count of 65,535 frames: their lengths alone (4 bytes each) reach "
+                           "past the end (check that before struct.unpack_from, which raises "
+                           "struct.error)")]
+
+
 @test(input="64-byte chunks with crafted headers: 1 frame of length 0x80000005; 2 frames of "
-            "lengths 5 and 0xFFFFFFFF; and, for comparison, 1 frame of length 61 (it fits)")
+            "lengths 5 and 0xFFFFFFFF; 1 frame of 58 (one byte past the end); a count of 65,535 "
+            "(the lengths alone reach past it); and, for comparison, 1 frame of 57 (it fits)")
 def lengths_are_unsigned(impl):
-    ok = _packed([bytes(range(61))])  # 3 + 4 + 61 = 64 bytes: fills the chunk exactly
-    check_equal(impl.unpack(bytearray(ok)), [bytes(range(61))], "unpack of a full 64-byte chunk")
-    for lengths in ([0x8000_0005], [5, 0xFFFF_FFFF]):
-        header = bytes([0]) + len(lengths).to_bytes(2, "little")
-        header += b"".join(n.to_bytes(4, "little") for n in lengths)
+    ok = _packed([bytes(range(57))])  # 3 + 4 + 57 = 64 bytes: fills the chunk exactly
+    check_equal(impl.unpack(bytearray(ok)), [bytes(range(57))], "unpack of a full 64-byte chunk")
+    for header, what in TORN:
         chunk = bytearray(header + bytes(64 - len(header)))
-        shown = ", ".join(f"{n:#x}" for n in lengths)
         try:
             got = impl.unpack(chunk)
         except ValueError:
             continue
         except Exception as e:  # struct.error, IndexError...: a crash, not the error asked for
             got = f"{type(e).__name__}: {e}"
-        raise Fail(f"unpack of a 64-byte chunk whose header gives frame lengths [{shown}] must "
-                   f"raise ValueError: they reach past the chunk's end. The lengths are unsigned "
-                   f"u32 ('<I'): {lengths[-1]:#x} is {lengths[-1]:,} bytes; read as signed ('<i') "
-                   f"it is {lengths[-1] - (1 << 32):,}, and the frames come out of the wrong "
-                   f"bytes", expected="ValueError", got=got,
+        raise Fail(f"unpack of a 64-byte chunk whose header gives {what}: it must raise "
+                   "ValueError, because the lengths reach past the chunk's end",
+                   expected="ValueError", got=got,
                    input=f"header {header.hex(' ')}, then zeros up to 64 bytes")
 
 

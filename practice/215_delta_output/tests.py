@@ -28,9 +28,25 @@ def _req(impl, rid, prompt, outputs, blocks, computed, scheduled, resumed=False,
 
 
 def _step(impl, enc, worker, scheduled, finished=()):
-    """One step through the wire: make_output, encode, decode, update. The decoded output."""
+    """One step through the wire: make_output, encode, decode, update. The decoded output.
+    Between make_output and a second encode, the lists of every scheduled request grow in place
+    (as the scheduler's next step grows them): the output must not change."""
     out = enc.make_output(scheduled, list(finished))
-    back = impl.decode(impl.encode(out))
+    wire = impl.encode(out)
+    for r in scheduled:
+        r.output_token_ids.append(999)
+        r.block_ids.append(999)
+    if impl.encode(out) != wire:
+        raise Fail("the output changed when the scheduler grew a request's output_token_ids and "
+                   "block_ids in place after make_output returned: it holds the scheduler's own "
+                   "lists, and the output may be encoded later. Copy (slice) every list you put "
+                   "in an output, cached deltas and resumed tables too",
+                   input=f"scheduled {[r.req_id for r in scheduled]}, then 999 appended to "
+                         "each one's output_token_ids and block_ids, then encode again")
+    for r in scheduled:
+        r.output_token_ids.pop()
+        r.block_ids.pop()
+    back = impl.decode(wire)
     worker.update(back)
     return back
 

@@ -109,7 +109,8 @@ def all_or_nothing(impl):
     expect_mismatch(impl, engine(), update, "an update whose last tensor misfits")
 
 
-@test(input="'layers.0.norm' arrives as float64; the engine's is float32")
+@test(input="'layers.0.norm' arrives as float64; the engine's is float32. Then a bfloat16 "
+      "update for a float16 weight (the same 2 bytes an element, another format)")
 def dtype_mismatch(impl):
     update = trainer()
     update["layers.0.norm"] = update["layers.0.norm"].double()
@@ -118,6 +119,9 @@ def dtype_mismatch(impl):
         if part not in message:
             raise Fail(f"the error message must name the tensor and both dtypes; {part!r} is "
                        "missing", got=message)
+    target = {"w": torch.zeros(2, 4, dtype=torch.float16)}
+    expect_mismatch(impl, target, {"w": torch.ones(2, 4, dtype=torch.bfloat16)},
+                    "a bfloat16 update for a float16 weight (same element size: compare dtypes)")
 
 
 @test(input="an update with 'layers.1.q_proj.weight', which the engine does not have")
@@ -144,16 +148,19 @@ def broadcastable_shapes_are_still_a_mismatch(impl):
             raise Fail("the error message must give both shapes", got=message, input=what)
 
 
-@test(input="one update with three misfits, in another order than the engine's: an unknown "
-      "'layers.9.mlp', 'lm_head.weight' as float16, 'embed.weight' as [4, 6]")
+@test(input="one update with four misfits, in another order than the engine's: an unknown "
+      "'layers.9.mlp', 'lm_head.weight' as float16, 'embed.weight' as [4, 6], "
+      "'layers.0.q_proj.weight' as [4, 2] (two of the same kind)")
 def every_misfit_named(impl):
     update = trainer()
     update = {"layers.9.mlp": torch.ones(2), "lm_head.weight": update["lm_head.weight"].half(),
-              "layers.0.norm": update["layers.0.norm"], "embed.weight": torch.ones(4, 6)}
-    message = expect_mismatch(impl, engine(), update, "three misfits")
-    for part in ("layers.9.mlp", "lm_head.weight", "float16", "embed.weight", "[6, 4]", "[4, 6]"):
+              "layers.0.norm": update["layers.0.norm"], "embed.weight": torch.ones(4, 6),
+              "layers.0.q_proj.weight": torch.ones(4, 2)}
+    message = expect_mismatch(impl, engine(), update, "four misfits")
+    for part in ("layers.9.mlp", "lm_head.weight", "float16", "embed.weight", "[6, 4]", "[4, 6]",
+                 "layers.0.q_proj.weight", "[4, 2]"):
         if part not in message:
             raise Fail(f"the error message must name every misfit tensor with its shapes or "
                        f"dtypes, not only the first; {part!r} is missing", got=message,
                        input="misfits: layers.9.mlp (unknown), lm_head.weight (float16), "
-                             "embed.weight ([4, 6])")
+                             "embed.weight ([4, 6]), layers.0.q_proj.weight ([4, 2])")
