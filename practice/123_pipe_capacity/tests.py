@@ -170,8 +170,34 @@ def _run_unprivileged(impl, max_size: int):
     return eval(data.decode())
 
 
+BUDGET = 256 * KIB  # the largest pipe a user whose page budget is nearly spent may get
+
+
+class _PageBudget:
+    """While active, fcntl.fcntl refuses (EPERM) to grow a pipe past BUDGET, as the kernel does
+    once the user holds more than pipe-user-pages-soft pages of pipes, however far below
+    pipe-max-size; `calls` counts the refusals."""
+
+    def __init__(self):
+        self.real, self.calls = fcntl.fcntl, 0
+
+    def fcntl(self, fd, cmd, arg=0):
+        if cmd == F_SETPIPE_SZ and arg > BUDGET:
+            self.calls += 1
+            raise PermissionError(1, "Operation not permitted")
+        return self.real(fd, cmd, arg)
+
+    def __enter__(self):
+        fcntl.fcntl = self.fcntl
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.fcntl = self.real
+
+
 @test(input="as an unprivileged process: grow_pipe(w, want) for want = 8*max, 3*max+5, max "
-            "(max = /proc/sys/fs/pipe-max-size)")
+            "(max = /proc/sys/fs/pipe-max-size); then grow_pipe(w, max) where the page budget "
+            "refuses more than 256 KiB")
 def halves_on_eperm(impl):
     max_size = _real_max()
     if not _privileged(max_size):
@@ -184,6 +210,21 @@ def halves_on_eperm(impl):
         check_equal(got, max_size, f"{case}: the kernel refuses (EPERM) above pipe-max-size, so "
                                    "halve the request until it is accepted", input=case)
         check_equal(size, max_size, f"F_GETPIPE_SZ after {case}", input=case)
+    r, w = os.pipe()
+    try:
+        with _PageBudget() as budget:
+            try:
+                got = impl.grow_pipe(w, max_size)
+            except PermissionError as e:
+                got = repr(e)
+        if budget.calls:  # else the learner calls fcntl some other way: nothing to refuse
+            check_equal(got, BUDGET, "grow_pipe(w, max) when the user's page budget "
+                        "(pipe-user-pages-soft) refuses anything above 256 KiB: EPERM comes "
+                        "below pipe-max-size too, so halve the request, do not ask for the max",
+                        input=f"grow_pipe(w, {max_size}), EPERM above {BUDGET}")
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def _blocker():
