@@ -12,16 +12,23 @@ import tempfile
 import threading
 import time
 
+from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, scaled, test
 
 # A child that ignores SIGTERM and writes its pid to a file, then sleeps: a hung worker.
 STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "open({path!r}, 'w').write(str(os.getpid())); time.sleep(600)")
-# A child that cleans up for 0.5 s on SIGTERM, then writes a marker and exits: a good worker.
+# A child that cleans up for `pause` s on SIGTERM, then writes a marker and exits: a good worker.
+# Once its handler is set, it writes its pid to path + '.up'.
 GRACEFUL = ("import os, signal, sys, time\n"
-            "def bye(*_):\n time.sleep(0.5); open({path!r}, 'w').write('cleaned up'); sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, bye); open({path!r} + '.up', 'w').close(); "
-            "time.sleep(600)")
+            "def bye(*_):\n time.sleep({pause}); open({path!r}, 'w').write('cleaned up'); "
+            "sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye); open({path!r} + '.up', 'w').write(str(os.getpid()))"
+            "; time.sleep(600)")
+# A target that raises after starting a thread that never ends: the child cannot exit by itself.
+RAISES_AND_HANGS = ("import threading, time; "
+                    "threading.Thread(target=time.sleep, args=(600,)).start(); "
+                    "raise ValueError('bad config: tensor_parallel_size=3')")
 STOP_TIMEOUT_S = 0.5  # stop_worker's join limit in the tests: short, the child ignores SIGTERM
 
 
@@ -33,6 +40,19 @@ def _no_children(what):
             p.join()
         raise Fail(f"{what}: a worker process was left running; stop it before raising",
                    got=[p.pid for p in left])
+
+
+def _reaped(pid: int, what: str) -> None:
+    """Fail if the child `pid` has exited and stop_worker did not reap it; one still running
+    after a while is left to _no_children."""
+    deadline = time.monotonic() + scaled(10)
+    while not procfs.reaped(pid) and procfs.process_state(pid) != "Z":
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+    if not procfs.reaped(pid):
+        raise Fail(f"{what}: stop_worker returned before the child it killed was reaped: "
+                   f"join() it after kill()")
 
 
 def _wait_for_file(path: str, what: str) -> str:
@@ -65,7 +85,10 @@ class _WaitLog:
             _wait_for_file(self.armed, "the worker")
         sentinels = [o for o in object_list if isinstance(o, int)]
         if self.after_exit and sentinels:
-            self.real(sentinels, scaled(20))
+            exited = self.real(sentinels, scaled(20))
+            for p in list(multiprocessing.process._children):  # a zombie: all its fds closed
+                if p.sentinel in exited:
+                    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
         ready = self.real(object_list, timeout)
         if not ready and not joining:  # Process.join waits on the sentinel too: not a start
             self.timeouts.append(timeout)
@@ -104,31 +127,57 @@ def ready_handshake(impl):
         impl.stop_worker(proc)
     if proc.is_alive():
         raise Fail("stop_worker returned while the process is alive")
-
-
-def _expect_start_error(impl, target: str, timeout: float, text: str, what: str) -> None:
-    """start_worker(impl.<target>) must raise WorkerStartError whose message holds `text`."""
+    reader, writer = multiprocessing.Pipe(duplex=False)  # worker_entry alone, in this process
+    impl.worker_entry(writer, impl.setup_ok, (21,))
+    check_equal(reader.recv(), ("ready", 42), "what worker_entry(conn, setup_ok, (21,)) sends "
+                "(the README fixes the message: another side may read it)")
     try:
-        impl.start_worker(getattr(impl, target), (), timeout=timeout)
+        impl.worker_entry(writer, exec, ("raise ValueError('bad config')", {}))
+    except ValueError:
+        raise Fail("worker_entry let its target's ValueError escape: catch any exception and "
+                   "send ('error', text)")
+    got = reader.recv()
+    if not (isinstance(got, tuple) and len(got) == 2 and got[0] == "error"):
+        raise Fail("what worker_entry sends when its target raises ValueError('bad config')",
+                   expected="('error', text)", got=got)
+
+
+def _expect_start_error(impl, target, args, timeout: float, text: str, what: str) -> None:
+    """start_worker(target, args) must raise WorkerStartError whose message holds `text`;
+    target is the name of one of impl's, or a builtin."""
+    name = target if isinstance(target, str) else f"{target.__name__}{args!r}"
+    try:
+        impl.start_worker(getattr(impl, name, target), args, timeout=timeout)
     except impl.WorkerStartError as e:
         if text not in str(e):
             raise Fail(what, expected=f"...{text}...", got=str(e))
     else:
-        raise Fail(f"start_worker({target}) must raise WorkerStartError")
+        raise Fail(f"start_worker({name}) must raise WorkerStartError")
 
 
-@test(input="start_worker(setup_fails)", timeout=15)
+@test(input="start_worker(setup_fails), then a target that raises ValueError, then one that "
+            "raises and leaves a thread running (its child cannot exit by itself)", timeout=30)
 def error_reaches_the_parent(impl):
-    _expect_start_error(impl, "setup_fails", 10, "boom: no model file at /models/missing.gguf",
+    _expect_start_error(impl, "setup_fails", (), 10, "boom: no model file at /models/missing.gguf",
                         "WorkerStartError must carry the child's whole error text")
+    _expect_start_error(impl, exec, ("raise ValueError('bad config: tp=3')", {}), 10,
+                        "bad config: tp=3", "any exception of the target, not only RuntimeError, "
+                        "must reach the parent as ('error', text)")
     _no_children("after a failed start")
+    _expect_start_error(impl, exec, (RAISES_AND_HANGS, {}), 10, "tensor_parallel_size=3",
+                        "WorkerStartError must carry the child's error text")
+    _no_children("after ('error', ...) from a child whose thread keeps it alive")
 
 
 @test(input="start_worker(setup_dies) with timeout=30", timeout=12,
       hang="the child died at once, but start_worker kept waiting: also wait on process.sentinel")
 def child_dies_before_ready(impl):
-    _expect_start_error(impl, "setup_dies", 30, "exit code 3", "the error must give the child's "
-                        "exit code")
+    _expect_start_error(impl, "setup_dies", (), 30, "exit code 3", "the error must give the "
+                        "child's exit code")
+    with _WaitLog(impl, after_exit=True):  # the pipe's end of file and the sentinel both ready
+        _expect_start_error(impl, "setup_dies", (), 30, "exit code 3", "a child that died sent "
+                            "nothing: the pipe reads end of file (EOFError), and the error must "
+                            "give the child's exit code")
     _no_children("after the child died")
 
 
@@ -169,6 +218,7 @@ def timeout_stops_the_child(impl):
         else:
             raise Fail("start_worker must raise TimeoutError when the child is not ready in time")
     took = time.monotonic() - started
+    _reaped(int(open(armed).read()), "after the timeout")
     _no_children("after the timeout (the child ignores SIGTERM: stop_worker must kill it)")
     named = {int(n) for n in re.findall(r"\d+", message)}
     if not named & log.pids:
@@ -182,6 +232,15 @@ def timeout_stops_the_child(impl):
         raise Fail(f"start_worker(timeout={asked}) waited {waited:.2f} s in all for a child that "
                    f"never answered (the timeouts it passed to connection.wait: {log.timeouts}): "
                    f"wait at most `timeout` seconds in all")
+    marker = os.path.join(tempfile.mkdtemp(), "bye")  # a worker that cleans up on SIGTERM
+    with _WaitLog(impl, armed=marker + ".up"):
+        try:
+            impl.start_worker(exec, (GRACEFUL.format(path=marker, pause=0), {}), timeout=asked)
+        except TimeoutError:
+            pass
+    if not os.path.exists(marker):
+        raise Fail("on the timeout start_worker killed a worker that cleans up on SIGTERM: stop "
+                   "it with stop_worker (terminate first)")
 
 
 def _stop_in_thread(impl, proc, timeout: float) -> float:
@@ -210,12 +269,13 @@ def stop_worker_escalates(impl):
     stubborn.start()
     _wait_for_file(stubborn_file, "the child that ignores SIGTERM")
     _stop_in_thread(impl, stubborn, STOP_TIMEOUT_S)
+    _reaped(stubborn.pid, "a child that ignores SIGTERM")
     if stubborn.is_alive():
         stubborn.kill()
         stubborn.join()
         raise Fail("stop_worker returned while a child that ignores SIGTERM is alive: after "
                    "join(timeout), kill() it and join again")
-    graceful = ctx.Process(target=exec, args=(GRACEFUL.format(path=graceful_file), {}))
+    graceful = ctx.Process(target=exec, args=(GRACEFUL.format(path=graceful_file, pause=0.5), {}))
     graceful.start()
     deadline = time.monotonic() + scaled(20)
     while not os.path.exists(graceful_file + ".up") and time.monotonic() < deadline:

@@ -81,8 +81,8 @@ def _expect_timeout(call, what: str, input: str) -> None:
     raise Fail(what, expected="TimeoutError", got="it returned", input=input)
 
 
-@test(input="Sender with 2 slots of 32 bytes; the test plays the receiver and writes the acks",
-      timeout=4, hang="send() waited for an ack that the test had already written: count ack bytes, not reads")
+@test(input="Sender with 2 slots of 32 bytes; the test plays the receiver and writes the acks, "
+            "then closes the ack pipe", timeout=6, hang="send() waited for an ack that the test had already written: count ack bytes, not reads")
 def sender_steps(impl):
     slots, sb = 2, 32
     bell_r, bell_w, ack_r, ack_w = fds = _pipes()
@@ -132,7 +132,11 @@ def sender_steps(impl):
         _expect_timeout(lambda: s.flush(timeout=QUIET_S), "flush() must wait until every message is "
                         "acknowledged, and raise TimeoutError when the acks do not come",
                         "flush() with messages 3 and 4 not acknowledged")
-        os.write(ack_w, b"\x01\x01")
+        os.write(ack_w, b"\x01")
+        _expect_timeout(lambda: s.flush(timeout=QUIET_S), "flush() must wait until every message is "
+                        "acknowledged, not only until one slot is free",
+                        "flush() with message 4 not acknowledged")
+        os.write(ack_w, b"\x01")
         s.flush(timeout=1.0)
         try:
             s.send(bytes(sb - 3))
@@ -141,9 +145,36 @@ def sender_steps(impl):
         else:
             raise Fail("a payload larger than slot_bytes - 4 must raise ValueError",
                        input=f"send({sb - 3} bytes) with slot_bytes={sb}")
+        os.close(ack_w)  # the receiver is gone
+        fds = (bell_r, bell_w, ack_r)
+        _send_to_a_dead_receiver(s, msgs)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _send_to_a_dead_receiver(s, msgs) -> None:
+    """The ack pipe's write end is closed (the receiver died): fill the ring, send once more.
+    The ack pipe reads b"" at once, forever; send() must raise EOFError, not loop on it."""
+    s.send(msgs[0])
+    s.send(msgs[2])
+    out = {}
+
+    def run():
+        try:
+            s.send(msgs[3], timeout=QUIET_S)
+            out["got"] = "it returned"
+        except BaseException as exc:
+            out["got"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(scaled(3.0))  # a hang guard: the EOF is there at once
+    got = out.get("got", "still running: it loops on os.read returning b''")
+    if not isinstance(got, EOFError):
+        raise Fail("send() on a full ring whose ack pipe is closed (the receiver is gone) must "
+                   "raise EOFError: os.read returning b'' means no ack will ever come",
+                   expected="EOFError", got=repr(got) if isinstance(got, BaseException) else got,
+                   input="2 messages unacknowledged, the ack pipe's write end closed, send()")
 
 
 SAMPLE_S = 0.005  # how often the judge looks at the waiting thread's state
@@ -222,8 +253,20 @@ def receiver_steps(impl):
         put(buf.data, 0, sb, msgs[2])
         os.write(bell_w, b"\x01")
         recv(2, "a third message, back in slot 0")
-        os.close(bell_w)
+        put(buf.data, 1, sb, msgs[0])
+        put(buf.data, 0, sb, msgs[1])
+        os.write(bell_w, b"\x01\x01")
+        os.close(bell_w)  # the sender rang twice and exited at once
         fds = (bell_r, ack_r, ack_w)
+        how = "two doorbells in one write, then the doorbell closed"
+        for k in (0, 1):
+            try:
+                got = r.recv(timeout=1.0)
+            except EOFError:
+                raise Fail("recv() raised EOFError while a message whose doorbell it had read was "
+                           "still in its slot: deliver every rung message before the EOF",
+                           expected=msgs[k], got="EOFError", input=how)
+            check_equal(got, msgs[k], f"message {3 + k}", how)
         try:
             got = r.recv(timeout=1.0)
         except EOFError:

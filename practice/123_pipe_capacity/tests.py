@@ -170,8 +170,34 @@ def _run_unprivileged(impl, max_size: int):
     return eval(data.decode())
 
 
+BUDGET = 256 * KIB  # the largest pipe a user whose page budget is nearly spent may get
+
+
+class _PageBudget:
+    """While active, fcntl.fcntl refuses (EPERM) to grow a pipe past BUDGET, as the kernel does
+    once the user holds more than pipe-user-pages-soft pages of pipes, however far below
+    pipe-max-size; `calls` counts the refusals."""
+
+    def __init__(self):
+        self.real, self.calls = fcntl.fcntl, 0
+
+    def fcntl(self, fd, cmd, arg=0):
+        if cmd == F_SETPIPE_SZ and arg > BUDGET:
+            self.calls += 1
+            raise PermissionError(1, "Operation not permitted")
+        return self.real(fd, cmd, arg)
+
+    def __enter__(self):
+        fcntl.fcntl = self.fcntl
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.fcntl = self.real
+
+
 @test(input="as an unprivileged process: grow_pipe(w, want) for want = 8*max, 3*max+5, max "
-            "(max = /proc/sys/fs/pipe-max-size)")
+            "(max = /proc/sys/fs/pipe-max-size); then grow_pipe(w, max) where the page budget "
+            "refuses more than 256 KiB")
 def halves_on_eperm(impl):
     max_size = _real_max()
     if not _privileged(max_size):
@@ -184,6 +210,21 @@ def halves_on_eperm(impl):
         check_equal(got, max_size, f"{case}: the kernel refuses (EPERM) above pipe-max-size, so "
                                    "halve the request until it is accepted", input=case)
         check_equal(size, max_size, f"F_GETPIPE_SZ after {case}", input=case)
+    r, w = os.pipe()
+    try:
+        with _PageBudget() as budget:
+            try:
+                got = impl.grow_pipe(w, max_size)
+            except PermissionError as e:
+                got = repr(e)
+        if budget.calls:  # else the learner calls fcntl some other way: nothing to refuse
+            check_equal(got, BUDGET, "grow_pipe(w, max) when the user's page budget "
+                        "(pipe-user-pages-soft) refuses anything above 256 KiB: EPERM comes "
+                        "below pipe-max-size too, so halve the request, do not ask for the max",
+                        input=f"grow_pipe(w, {max_size}), EPERM above {BUDGET}")
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def _blocker():
@@ -318,14 +359,18 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
                    expected=0, got=left)
 
 
-@test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(0, 64 KiB)",
+@test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(1 MiB, 100000), "
+            "transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read, transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
     fds = procfs.fd_count()
-    for total, pipe_size in ((8 * MIB, 64 * KIB), (3 * MIB + 123, min(MIB, _real_max()))):
+    for total, pipe_size, size in ((8 * MIB, 64 * KIB, 64 * KIB),
+                                   (3 * MIB + 123, min(MIB, _real_max()), min(MIB, _real_max())),
+                                   (MIB, 100000, 128 * KIB)):  # the kernel rounds 100000 up
         t = impl.transfer(total, pipe_size)
         what = f"transfer({total}, {pipe_size})"
-        check_equal((t.bytes, t.pipe_size), (total, pipe_size), f"{what}: (bytes, pipe_size)")
+        check_equal((t.bytes, t.pipe_size), (total, size), f"{what}: (bytes, pipe_size: the size "
+                    "the pipe got, as grow_pipe returned it)")
         if min(t.writer_switches, t.reader_switches) < 0:
             raise Fail(f"{what}: switch counts are never negative",
                        got=(t.writer_switches, t.reader_switches))
@@ -333,6 +378,12 @@ def transfer_end_to_end(impl):
         if abs(t.switches_per_mib - expected) > 1e-9:
             raise Fail(f"{what}: switches_per_mib is (writer + reader) switches per MiB moved",
                        expected=expected, got=t.switches_per_mib)
+    with _BadRead(MIB, naps=20) as naps:  # the reader sleeps 20 times a read: 20 switches
+        t = impl.transfer(MIB, MIB)
+    if t.reader_switches < naps.slept // 2:  # the writer, never blocked, has a few
+        raise Fail(f"transfer(1 MiB, 1 MiB) whose reader the judge put to sleep {naps.slept} "
+                   "times: reader_switches counts this process's voluntary switches around the "
+                   "read loop", expected=f">= {naps.slept // 2}", got=t.reader_switches)
     _nothing_left(fds, "after transfer() returned", "a writer process is still running or "
                   "unreaped")
     try:
@@ -340,6 +391,62 @@ def transfer_end_to_end(impl):
     except ValueError:
         return
     raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
+
+
+class _BadRead:
+    """While active, os.read in this thread returns the bytes of a transfer with the byte at
+    offset `flip` changed, or, with `short`, ends them one byte early (an EOF after total - 1):
+    what a broken writer would send. With `naps`, each read first sleeps `naps` times, counted
+    in `slept`: each is a voluntary switch of this thread (unless it was preempted for the
+    whole nap, which is why the test asks for half)."""
+
+    def __init__(self, total: int, flip: int = -1, short: bool = False, naps: int = 0):
+        self.total, self.flip, self.short, self.seen = total, flip, short, 0
+        self.naps, self.slept = naps, 0
+        self.real, self.thread = os.read, threading.get_ident()
+
+    def read(self, fd, n):
+        if threading.get_ident() != self.thread:
+            return self.real(fd, n)
+        for _ in range(self.naps):
+            time.sleep(0.002)
+            self.slept += 1
+        data = self.real(fd, n)
+        start, self.seen = self.seen, self.seen + len(data)
+        if start <= self.flip < self.seen:
+            i = self.flip - start
+            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+        if self.short:
+            data = data[:max(0, self.total - 1 - start)]
+        return data
+
+    def __enter__(self):
+        os.read = self.read
+        return self
+
+    def __exit__(self, *exc):
+        os.read = self.real
+
+
+@test(input="transfer(1 MiB, 64 KiB) whose byte 100007 reads wrong; transfer(1 MiB, 64 KiB) "
+            "whose last byte never comes (an EOF one byte early)", timeout=40)
+def transfer_checks_the_bytes(impl):
+    fds = procfs.fd_count()
+    for how, bad in (("byte 100007 wrong", _BadRead(MIB, flip=100007)),
+                     ("an EOF one byte early", _BadRead(MIB, short=True))):
+        with bad:
+            try:
+                got = impl.transfer(MIB, 64 * KIB)
+            except ValueError:
+                got = None
+        if bad.seen == 0:
+            return  # the learner reads without os.read: nothing to change under it
+        if got is not None:
+            raise Fail(f"transfer() returned although the bytes were wrong ({how}): check "
+                       "every byte against the pattern, and the count, and raise ValueError",
+                       expected="ValueError", got=repr(got)[:120], input=how)
+        _nothing_left(fds, f"after the ValueError ({how})", "the writer is still there: "
+                      "kill() it when the read fails")
 
 
 def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:

@@ -79,8 +79,9 @@ def int32_range(impl):
                    input=f"batch={batch}")
 
 
-@test(input="256 requests, every 16th with 512 tokens, the others with 1; then the judge's "
-      f"frames of {GENERATED_BATCHES} random batches decoded by your decode")
+@test(input="256 requests, every 16th with 512 tokens, the others with 1, decoded from bytes, "
+      "from the frames as encode returned them, and with frame 1 a memoryview of int32 items; "
+      f"then the judge's frames of {GENERATED_BATCHES} random batches decoded by your decode")
 def roundtrip(impl):
     rng = np.random.default_rng(0)
     batch = [(f"r{i}", rng.integers(0, 49152, 512 if i % 16 == 0 else 1).tolist())
@@ -88,10 +89,20 @@ def roundtrip(impl):
     frames = impl.encode(batch)
     check_equal(memoryview(frames[1]).nbytes, 4 * sum(len(t) for _, t in batch),
                 "bytes in frame 1 (4 per token)")
-    decoded = impl.decode([bytes(f) for f in frames])
-    check_equal(decoded[0], [r for r, _ in batch], "request ids")
-    for i, (_, tokens) in enumerate(batch):
-        check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})")
+    body, data = ref_frames(batch)
+    for how, given in (("bytes", [bytes(f) for f in frames]), ("as encode returned them", frames),
+                       ("frame 1 a memoryview of int32 items",
+                        [body, memoryview(np.frombuffer(data, "<i4"))])):
+        try:
+            decoded = impl.decode(given)
+        except ValueError as e:
+            raise Fail(f"decode of frames given {how} raised ValueError: size frame 1 by its "
+                       "bytes (memoryview(f).nbytes), not len(), which counts a memoryview's items",
+                       got=str(e)) from None
+        check_equal(decoded[0], [r for r, _ in batch], "request ids", f"frames given {how}")
+        for i, (_, tokens) in enumerate(batch):
+            check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})",
+                        f"frames given {how}")
     for batch in generated_batches(seed=SEED + 1):
         decoded = impl.decode(ref_frames(batch))
         check_equal(list(decoded[0]), [r for r, _ in batch], "request ids", f"batch={batch}")
