@@ -203,7 +203,10 @@ def column_parallel(impl):
     t = tensors()
     for ws in (2, 3):
         per = HIDDEN // ws
-        for rank, (out, _) in enumerate(run_ranks(impl, ws, _column_job)):
+        for rank, (out, counts) in enumerate(run_ranks(impl, ws, _column_job)):
+            check_equal(counts, {"all_gather": 2}, f"rank {rank} of {ws}: the collectives of two "
+                        "calls with gather_output=True and two with False (one all_gather each "
+                        "to join the slices; none without gather_output)")
             for i, (x, bias, what) in enumerate(cases(t)):
                 full = F.linear(x, t["w"], bias)
                 local, gathered = out[2 * i:2 * i + 2]

@@ -103,10 +103,10 @@ def _check_two_at_once(impl, texts):
             if i < len(ids[k]):
                 sent[k] += ds[k].push([ids[k][i]])
                 if sent[k] != (want := oracle(impl, ids[k][:i + 1])):
-                    raise Fail(f"two detokenizers pushed in turn, one byte token each: {texts[k]!r} "
-                               f"after its byte {i + 1}. Each detokenizer keeps its own unfinished "
-                               "bytes (nothing shared between instances)", expected=want,
-                               got=sent[k])
+                    raise Fail(f"two detokenizers pushed in turn, one byte token each: "
+                               f"{texts[k]!r} after its byte {i + 1}. Each detokenizer keeps its "
+                               "own unfinished bytes (nothing shared between instances)",
+                               expected=want, got=sent[k])
     check_equal([s + d.flush() for s, d in zip(sent, ds)], texts,
                 "the texts of two detokenizers pushed in turn, flush() included")
 
@@ -172,6 +172,9 @@ def special_tokens(impl):
     check_equal(replay(impl, ids, "<|im_start|>ok<|im_end|>", skip=True), "ok",
                 "the text of <|im_start|> + 'ok' + <|im_end|> with skip_special_tokens=True "
                 "(every special token is skipped, not only the end of text)")
+    d = impl.IncrementalDetokenizer(t)
+    check_equal(d.push(ids) + d.flush(), "ok", "IncrementalDetokenizer(tokenizer) (the default "
+                "is skip_special_tokens=True) of <|im_start|> + 'ok' + <|im_end|>")
     check_equal(replay(impl, ids, "<|im_start|>ok<|im_end|>", skip=False),
                 "<|im_start|>ok<|im_end|>", "the text of <|im_start|> + 'ok' + <|im_end|> with "
                 "skip_special_tokens=False")

@@ -174,7 +174,8 @@ def sse_parser(impl):
                            "only whole: a character's bytes may come in different feeds)")
 
 
-@test(input="'steady': headers after 0.3 s, an empty-text event at once, then A after 0.5 s; B only once "
+@test(input="'steady': headers after 0.3 s, an empty-text event at once, then A after 0.5 s; "
+            "B only once "
             "the client's clock timed A; an empty-text event; C D E 0.1 s apart, a finish "
             "event, [DONE]", timeout=40)
 def one_stream(impl):
@@ -307,6 +308,8 @@ def concurrent_load(impl):
                 "long1 and the failed one), not in the order they finished")
     check_equal((len(s.requests), most), (5, 2), "(requests the server got, the most streams "
                                                  "open at once) with concurrency 2")
+    check_equal(sorted({r["max_tokens"] for r in s.requests}), [6],
+                "the max_tokens the server got (run_load's max_tokens is 6, its concurrency 2)")
     ttfts = {p: round(r.ttft, 2) for p, r in zip(prompts, rs) if r.ok}
     early = {p: t for p, t in ttfts.items() if t < FIRST_S - 1e-3}
     # A clock started when the run started reads, for a request that waited for a slot, at
