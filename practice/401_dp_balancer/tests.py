@@ -17,6 +17,7 @@ import msgspec
 import zmq
 
 from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.procfs import fd_count
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(2.0)  # a message between threads on one host not delivered in this long was dropped
@@ -105,17 +106,34 @@ class Bench(EngineBench):
 
 
 @test(input="3 engines, identities b'\\x00\\x00', b'\\x01\\x00', b'\\x02\\x00', connecting 0.2, "
-            "0.4, 0.6 s late; then 4 engines of which 3 say READY 0.3, 0.6, 0.9 s late and "
-            "wait_ready(1); then shutdown() with engine 3 never connected", timeout=20)
+            "0.4, 0.6 s late; then 4 engines of which 0, 2, 3 say READY 0.3, 0.6, 0.9 s late and "
+            "wait_ready(1); then shutdown() with engine 1 never connected", timeout=20)
 def ready_and_timeout(impl):
     check_equal(impl.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
                                                       "endian, as vllm/v1/engine/core.py:1191)")
+    _check_identity_bounds(impl)
     with Bench(impl, 3, [0.2, 0.4, 0.6]):
         pass
-    never = 3600.0  # engine 3's delay: it never connects (the bench stops it)
-    with Bench(impl, 4, [0.3, 0.6, 0.9, never], ready=False) as b:
+    never = 3600.0  # engine 1's delay: it never connects (the bench stops it)
+    with Bench(impl, 4, [0.3, never, 0.6, 0.9], ready=False) as b:
         _check_total_timeout(b, timeout=1.0)
         _check_shutdown_skips_a_missing_engine(b)
+
+
+def _check_identity_bounds(impl):
+    check_equal((impl.engine_identity(65535), impl.rank_of(b"\xff\xff"), impl.rank_of(b"\x02\x01")),
+                (b"\xff\xff", 65535, 258), "(engine_identity(65535), rank_of(b'\\xff\\xff'), "
+                                            "rank_of(b'\\x02\\x01'))")
+    for call, arg in [("engine_identity", 65536), ("engine_identity", -1), ("rank_of", b"\x01"),
+                      ("rank_of", b"\x01\x00\x00"), ("rank_of", b"")]:
+        try:
+            got = getattr(impl, call)(arg)
+        except ValueError:
+            continue
+        except Exception as e:
+            got = f"{type(e).__name__}: {e}"
+        raise Fail(f"{call}({arg!r}) must raise ValueError (a rank outside [0, 65535], an "
+                   "identity that is not 2 bytes)", got=got)
 
 
 def _check_total_timeout(b, timeout):
@@ -124,13 +142,13 @@ def _check_total_timeout(b, timeout):
         got = b.client.wait_ready(timeout)
     except TimeoutError as e:
         end = time.monotonic()
-        if "[3]" not in str(e):
-            raise Fail("the TimeoutError must list the ranks that did not send READY",
-                       expected="... [3] ...", got=str(e))
+        if "[1]" not in str(e):
+            raise Fail("the TimeoutError must list the ranks that did not send READY (engine 1 "
+                       "of 0-3; the others did)", expected="... [1] ...", got=str(e))
     else:
-        raise Fail(f"wait_ready({timeout:g}) must raise TimeoutError when engine 3 never says "
+        raise Fail(f"wait_ready({timeout:g}) must raise TimeoutError when engine 1 never says "
                    "READY", got=got)
-    last = max(e.ready_at for e in b.engines[:3])
+    last = max(b.engines[r].ready_at for r in (0, 2, 3))
     if end >= last + timeout:  # a correct wait ended at start + timeout, long before
         raise Fail(f"wait_ready({timeout:g}) raised {end - start:.2f} s after it was called, "
                    f"{timeout:g} s after the last READY (sent {last - start:.2f} s in): the "
@@ -142,31 +160,33 @@ def _check_shutdown_skips_a_missing_engine(b):
     try:
         b.client.shutdown()
     except zmq.ZMQError as e:
-        raise Fail(f"shutdown() raised ZMQError ({e}) because engine 3 never connected: an "
+        raise Fail(f"shutdown() raised ZMQError ({e}) because engine 1 never connected: an "
                    "engine that is gone must be skipped (ROUTER_MANDATORY raises for it), and "
                    "the others still get STOP") from None
-    for e in b.engines[:3]:
+    others = [b.engines[r] for r in (0, 2, 3)]
+    for e in others:
         e.wait_for(1)
-    check_equal([e.received for e in b.engines[:3]], [[("STOP", None)]] * 3,
-                "what engines 0-2 received from shutdown() (engine 3 never connected)")
+    check_equal([e.received for e in others], [[("STOP", None)]] * 3,
+                "what engines 0, 2, 3 received from shutdown() (engine 1, between them, never "
+                "connected: it is skipped and the engines after it still get STOP)")
 
 
-@test(input="3 idle engines; add_request r0..r5 (max_tokens 8)")
+@test(input="4 idle engines; add_request r0..r7 (max_tokens 8)")
 def spreads_when_idle(impl):
-    with Bench(impl, 3) as b:
-        ranks = [b.client.add_request(f"r{i}", 8) for i in range(6)]
-        check_equal(ranks, [0, 1, 2, 0, 1, 2],
-                    "the engines chosen for 6 requests on idle engines (the fewest in flight; "
+    with Bench(impl, 4) as b:
+        ranks = [b.client.add_request(f"r{i}", 8) for i in range(8)]
+        check_equal(ranks, [0, 1, 2, 3, 0, 1, 2, 3],
+                    "the engines chosen for 8 requests on 4 idle engines (the fewest in flight; "
                     "ties go to the first from a start index that moves on by one per request)")
-        b.settle([2, 2, 2])
+        b.settle([2, 2, 2, 2])
         first = b.engines[0].received[0]
         check_equal(first, ("ADD", {"request_id": "r0", "max_tokens": 8}),
                     "the first message engine 0 received (kind, decoded payload: AddRequest "
                     "as a msgpack map)")
-        check_equal(b.adds(), [["r0", "r3"], ["r1", "r4"], ["r2", "r5"]],
+        check_equal(b.adds(), [["r0", "r4"], ["r1", "r5"], ["r2", "r6"], ["r3", "r7"]],
                     "the ADDs each engine received (frames [identity, b'ADD', msgpack "
                     "AddRequest])")
-        check_equal(b.client.load(), [2, 2, 2], "load() after 6 requests")
+        check_equal(b.client.load(), [2, 2, 2, 2], "load() after 8 requests")
 
 
 @test(input="3 engines hold 2 requests each; engine 1 finishes both; then r6, r7, r8")
@@ -328,10 +348,11 @@ def end_to_end(impl):
                  for r in range(3)]
         for p in procs:
             p.start()
+        fds = fd_count()
         client = impl.DPLBClient(address, 3)
         try:
             _drive(client, pipes)
-            _check_close(client, address)
+            _check_close(client, address, fds)
         finally:
             for p in procs:
                 p.join(1)
@@ -342,11 +363,15 @@ def end_to_end(impl):
                 pass
 
 
-def _check_close(client, address):
+def _check_close(client, address, fds_before):
     client.close()
     path = address.removeprefix("ipc://")
     if os.path.exists(path):
         raise Fail(f"close() left the ipc socket file {path}: close() must unlink it")
+    if fd_count() != fds_before:  # term() returns once the context's threads and fds are gone
+        raise Fail(f"close() left {fd_count() - fds_before} file descriptors open that the "
+                   "client opened: close() must close the socket and terminate its context "
+                   "(its I/O threads hold them)", expected=fds_before, got=fd_count())
     try:
         client.close()
     except Exception as e:

@@ -50,8 +50,8 @@ class GatedModel:
 class Harness:
     """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
 
-    def __init__(self, impl, model, num_blocks):
-        self.impl, self.model = impl, model
+    def __init__(self, impl, model, num_blocks, identity=ID):
+        self.impl, self.model, self.id = impl, model, identity
         self.ctx, self.d = zmq.Context(), IpcDir()
         self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
         for s in (self.router, self.pull):
@@ -63,22 +63,23 @@ class Harness:
         self.finished: list[str] = []
         self.messages: list[dict] = []  # every EngineCoreOutputs received, decoded
         self.stuck = False  # a test saw run_busy_loop hang: closing does not wait for it again
-        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
+        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks,
+                                      identity)
         self.loop = threading.Thread(target=self.engine.run_busy_loop, daemon=True)
         self.loop.start()
         if not self.router.poll(int(WAIT_S * 1000)):
             raise Fail("no READY from the engine's input thread: its DEALER must connect and "
                        "send [b'READY'] first")
-        check_equal(self.router.recv_multipart(), [ID, b"READY"],
-                    "the first message from the engine (identity b'\\x00\\x00', then READY)")
+        check_equal(self.router.recv_multipart(), [identity, b"READY"],
+                    f"the first message from the engine (identity {identity!r}, then READY)")
 
     def add(self, rid, prompt_len, max_tokens):
-        self.router.send_multipart([ID, b"ADD", msgspec.msgpack.encode(
+        self.router.send_multipart([self.id, b"ADD", msgspec.msgpack.encode(
             {"request_id": rid, "prompt_token_ids": list(range(prompt_len)),
              "max_tokens": max_tokens})])
 
     def abort(self, ids):
-        self.router.send_multipart([ID, b"ABORT", msgspec.msgpack.encode(list(ids))])
+        self.router.send_multipart([self.id, b"ABORT", msgspec.msgpack.encode(list(ids))])
 
     def collect(self, until, what, timeout=WAIT_S):
         deadline = time.monotonic() + timeout
@@ -127,7 +128,7 @@ class Harness:
 
     def close(self):
         try:
-            self.router.send_multipart([ID, b"SHUTDOWN"])
+            self.router.send_multipart([self.id, b"SHUTDOWN"])
             self.loop.join(WAIT_S if self.loop.is_alive() and not self.stuck else 0)
             if self.loop.is_alive():
                 raise Fail("run_busy_loop did not return within "
@@ -157,9 +158,9 @@ def _expect_tokens(h, rid, prompt_len, n):
                 f"the tokens of {rid} (the judge's model: token = position)")
 
 
-@test(input="ADD r0 (prompt 3 tokens, max_tokens 5); 8 blocks of 4 tokens")
+@test(input="identity b'\\x07\\x01'; ADD r0 (prompt 3 tokens, max_tokens 5); 8 blocks of 4 tokens")
 def generates_and_finishes(impl):
-    with Harness(impl, GatedModel(), 8) as h:
+    with Harness(impl, GatedModel(), 8, identity=b"\x07\x01") as h:
         h.add("r0", 3, 5)
         h.collect(lambda: "r0" in h.finished, "r0 to finish")
         _expect_tokens(h, "r0", 3, 5)
@@ -292,7 +293,7 @@ def shutdown_with_front_end_gone(impl):
         while (sum("r1" in c for c in h.model.calls) < 3 or h.engine.output_queue.qsize()) \
                 and time.monotonic() < deadline:
             time.sleep(0.005)
-        h.router.send_multipart([ID, b"SHUTDOWN"])
+        h.router.send_multipart([h.id, b"SHUTDOWN"])
         h.loop.join(WAIT_S)
         if h.loop.is_alive():
             h.stuck = True
@@ -324,3 +325,33 @@ def shutdown_joins_threads(impl):
     if fds > 0:
         raise Fail(f"{fds} file descriptors left open after shutdown: each thread closes its "
                    "socket, then ctx.term()", expected=0, got=fds)
+
+
+@test(input="no busy loop: the test calls add_request(r0: prompt 2, max 3), step(), "
+            "abort_requests(['r0']), step(), abort_requests(['r0']) itself; 4 blocks")
+def abort_between_steps(impl):
+    model, d, ctx = GatedModel(), IpcDir(), zmq.Context()
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    router.bind(d.path("in"))
+    pull.bind(d.path("out"))
+    engine = impl.EngineCore(d.path("in"), d.path("out"), model, 4)
+    try:
+        engine.add_request(impl.EngineCoreRequest("r0", [0, 1], 3))
+        check_equal([o.new_token_ids for o in engine.step().outputs], [[2]], "r0's first step")
+        check_equal(engine.abort_requests(["r0"]), ["r0"], "abort_requests(['r0']) (running)")
+        if not engine.has_work():
+            raise Fail("has_work() is False right after r0 was aborted: its finished id is not "
+                       "reported yet, so the busy loop must step once more to send it")
+        out = engine.step()
+        check_equal((out.outputs, out.finished_requests, model.calls[1:]), ([], ["r0"], []),
+                    "(outputs, finished_requests, model calls) of the step after the abort "
+                    "(nothing runs: no model call)")
+        check_equal((engine.has_work(), engine.abort_requests(["r0"]),
+                     engine.block_pool.num_free), (False, [], 4),
+                    "(has_work(), abort_requests(['r0']) again, block_pool.num_free)")
+    finally:
+        engine.shutdown()
+        for s in (router, pull):
+            s.close(linger=0)
+        ctx.term()
+        d.close()

@@ -17,7 +17,6 @@ import time
 
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
-QUIET_S = 0.5  # how long the judge waits where no reply should come
 WAIT_S = scaled(20.0)  # a reply or a process start that takes this long is lost
 
 
@@ -49,12 +48,28 @@ class Running:
         self.executor.shutdown()
 
 
-@test(input="worker_main(3, ...) in a process: rank, echo, boom on rank 3, a reply only for "
-            "output_rank 1 (none) and 3, an unknown method, then None", timeout=WAIT_S)
+class CountingWorker:
+    """Replaces impl.Worker in the forked worker: count() tells how often this Worker ran it."""
+
+    def __init__(self, base, rank):
+        self.base, self.n = base(rank), 0
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def count(self):
+        self.n += 1
+        return self.n
+
+
+@test(input="worker_main(3, ...) in a process: rank, echo, boom on rank 3, count twice, calls for "
+            "output_rank 1 and 0 (no reply), then 3, an unknown method, then None", timeout=WAIT_S)
 def worker_loop(impl):
     stop_at_once = queue.Queue()
     stop_at_once.put(None)
     impl.worker_main(0, stop_at_once, queue.Queue())  # returns at None (here, in this process)
+    base = impl.Worker
+    impl.Worker = lambda rank: CountingWorker(base, rank)  # the forked worker_main makes these
     ctx = mp.get_context("fork")
     requests, replies = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=impl.worker_main, args=(3, requests, replies))
@@ -80,16 +95,20 @@ def worker_loop(impl):
             raise Fail("a method that raises: reply (call_id, rank, 'error', 'ValueError: ...') "
                        "and keep serving", expected=(3, 3, "error", "ValueError: boom on rank 3"),
                        got=reply)
+        check_equal(reply[3], "ValueError: boom on rank 3", "the error text of a method that "
+                    "raised (f'{type(e).__name__}: {e}')")
+        check_equal([call((c, "count", (), None), "count")[3] for c in (31, 32)], [1, 2],
+                    "count() twice: how often the worker's Worker ran it (one Worker for the "
+                    "whole loop, not one per call)")
         requests.put((4, "get_rank", (), 1))
-        try:
-            got = replies.get(timeout=QUIET_S)
-        except queue.Empty:
-            pass
-        else:
-            raise Fail("worker 3 replied to a call whose output_rank is 1: only the output rank "
-                       "replies (the others run the method and stay silent)", got=got)
-        check_equal(call((5, "get_rank", (), 3), "output rank 3"), (5, 3, "ok", 3),
-                    "the reply to a call whose output_rank is this worker's")
+        requests.put((40, "get_rank", (), 0))
+        got = call((5, "get_rank", (), 3), "output rank 3")  # replies come in request order
+        if got[0] != 5:
+            raise Fail(f"worker 3 replied to call {got[0]}, whose output_rank is "
+                       f"{1 if got[0] == 4 else 0}: only the output rank replies (the others run "
+                       "the method and stay silent; output_rank 0 is a rank, not None)", got=got)
+        check_equal(got, (5, 3, "ok", 3), "the reply to a call whose output_rank is this "
+                                          "worker's")
         reply = call((6, "no_such_method", (), None), "unknown method")
         if reply[:3] != (6, 3, "error") or "AttributeError" not in str(reply[3]):
             raise Fail("an unknown method: reply 'error' with the AttributeError",
@@ -98,6 +117,7 @@ def worker_loop(impl):
         proc.join(WAIT_S)
         check_equal(proc.exitcode, 0, "worker_main's exit code after None")
     finally:
+        impl.Worker = base
         kill_if_alive(proc)
 
 
@@ -113,6 +133,12 @@ def gathers_in_rank_order(impl):
                     "collective_rpc('sleep', ([0.4, 0.2, 0],)): results in rank order")
         check_equal(e.collective_rpc("get_rank", output_rank=1), 1,
                     "collective_rpc('get_rank', output_rank=1): the output rank's result alone")
+        try:  # only rank 0 replies: a call that waits for every rank times out
+            got = e.collective_rpc("get_rank", timeout=scaled(3.0), output_rank=0)
+        except TimeoutError as exc:
+            got = f"TimeoutError: {exc}"
+        check_equal(got, 0, "collective_rpc('get_rank', output_rank=0): rank 0's result alone "
+                            "(0 is a rank, not None: only rank 0 replies)")
         check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank') again")
 
 
@@ -148,6 +174,11 @@ def one_deadline(impl):
                     "'slept 3.0' must not be taken as this call's answer)")
         check_equal(e.collective_rpc("sleep", ([0.4, 0.4, 0.4],), timeout=5), ["slept 0.4"] * 3,
                     "sleep [0.4, 0.4, 0.4] with timeout=5")
+        _raises(lambda: e.collective_rpc("sleep", ([1.0, 1.0, 1.0],), timeout=0), TimeoutError,
+                ["worker 0"], "sleep [1.0, 1.0, 1.0] with timeout=0 (a deadline that has passed "
+                "already, not 'no timeout')")
+        check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
+                    "collective_rpc('get_rank') after the call with timeout=0")
 
 
 @test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 1 s, no timeout; "
@@ -185,6 +216,20 @@ def death_fails_a_call_before_its_deadline(impl):
             raise Fail("a call during which worker 1 was killed with SIGKILL must raise the "
                        "RuntimeError naming it and its exit code",
                        expected="RuntimeError: ... worker 1 ... -9 ...", got=got)
+
+
+@test(input="Executor(2): die(rank=1, exit code 3) with output_rank=0 (rank 0 answers at once); "
+            "then get_rank", timeout=30)
+def output_rank_runs_on_every_worker(impl):
+    with Running(impl, 2) as e:
+        e.collective_rpc("get_rank", timeout=WAIT_S)
+        try:  # rank 0's answer or worker 1's death may come first: either is right here
+            e.collective_rpc("die", (1, 3, 0.0), timeout=WAIT_S, output_rank=0)
+        except RuntimeError:
+            pass
+        _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError,
+                ["worker 1"], "collective_rpc('get_rank') after die(rank=1) with output_rank=0 "
+                "(the request still goes to every worker: rank 1 ran die and exited)")
 
 
 @test(input="Executor(3): get_rank; stall on rank 2 (it ignores SIGTERM, sleeps 3600 s) with "

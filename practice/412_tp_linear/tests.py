@@ -181,51 +181,72 @@ def _labelled(what, fn, *args, **kw):
         raise RuntimeError(f"in {what}: {type(e).__name__}: {e}") from e
 
 
+def cases(t):
+    """(x, bias, what): a 3-D x with the bias, and a 2-D x without one."""
+    return [(t["x"], t["b"], "x of shape (2, 3, 6)"), (t["x"][0], None, "x of shape (3, 6), "
+                                                                        "bias None")]
+
+
 def _column_job(impl, rank, ws, t):
-    w, b = impl.column_shard(t["w"], t["b"], rank, ws)
-    shape = tuple(t["x"].shape)
-    return [_labelled(f"column_parallel_linear(x of shape {shape}, gather_output={g})",
-                      impl.column_parallel_linear, t["x"], w, b, gather_output=g).tolist()
-            for g in (False, True)]
+    out = []
+    for x, bias, what in cases(t):
+        w, b = impl.column_shard(t["w"], bias, rank, ws)
+        out += [_labelled(f"column_parallel_linear({what}, gather_output={g})",
+                          impl.column_parallel_linear, x, w, b, gather_output=g).tolist()
+                for g in (False, True)]
+    return out
 
 
 @test(input="column_parallel_linear on 2 and on 3 ranks, gather_output False and True; x of "
-            "shape (2, 3, 6)", timeout=60)
+            "shape (2, 3, 6), then x of shape (3, 6) with bias None", timeout=60)
 def column_parallel(impl):
     t = tensors()
-    full = F.linear(t["x"], t["w"], t["b"])
     for ws in (2, 3):
         per = HIDDEN // ws
-        for rank, (out, _) in enumerate(run_ranks(impl, ws, _column_job)):
-            local, gathered = out
-            _close(local, full[..., rank * per:(rank + 1) * per],
-                   f"rank {rank} of {ws}, gather_output=False: its slice of the output features")
-            _close(gathered, full, f"rank {rank} of {ws}, gather_output=True: the slices "
-                                   "all-gathered and joined along the last dimension")
+        for rank, (out, counts) in enumerate(run_ranks(impl, ws, _column_job)):
+            check_equal(counts, {"all_gather": 2}, f"rank {rank} of {ws}: the collectives of two "
+                        "calls with gather_output=True and two with False (one all_gather each "
+                        "to join the slices; none without gather_output)")
+            for i, (x, bias, what) in enumerate(cases(t)):
+                full = F.linear(x, t["w"], bias)
+                local, gathered = out[2 * i:2 * i + 2]
+                _close(local, full[..., rank * per:(rank + 1) * per], f"rank {rank} of {ws}, "
+                       f"{what}, gather_output=False: its slice of the output features")
+                _close(gathered, full, f"rank {rank} of {ws}, {what}, gather_output=True: the "
+                                       "slices all-gathered and joined along the last dimension")
 
 
 def _row_job(impl, rank, ws, t):
     w = impl.row_shard(t["w"], rank, ws)
     per = IN // ws
-    x_part = t["x"][..., rank * per:(rank + 1) * per]
-    return [_labelled(f"row_parallel_linear(x of shape {tuple(x.shape)}, input_is_parallel="
-                      f"{p})", impl.row_parallel_linear, x, w, t["b"], input_is_parallel=p)
-            .tolist() for x, p in ((t["x"], False), (x_part, True))]
+    out = []
+    for x, bias, what in cases(t):
+        x_part = x[..., rank * per:(rank + 1) * per]
+        out += [_labelled(f"row_parallel_linear({what}{', sliced' if p else ''}, "
+                          f"input_is_parallel={p})", impl.row_parallel_linear, xx, w, bias,
+                          input_is_parallel=p).tolist() for xx, p in ((x, False), (x_part, True))]
+    return out
 
 
 @test(input="row_parallel_linear on 2 and on 3 ranks, input_is_parallel False and True "
-            "(the bias is 10x the weights' scale); x of shape (2, 3, 6)", timeout=60)
+            "(the bias is 10x the weights' scale); x of shape (2, 3, 6), then x of shape (3, 6) "
+            "with bias None", timeout=60)
 def row_parallel(impl):
     t = tensors()
-    full = F.linear(t["x"], t["w"], t["b"])
     for ws in (2, 3):
         for rank, (out, _) in enumerate(run_ranks(impl, ws, _row_job)):
-            for got, how in zip(out, ("input_is_parallel=False", "input_is_parallel=True")):
-                g = torch.tensor(got, dtype=torch.float64)
-                if g.shape == full.shape and torch.allclose(g, full + (ws - 1) * t["b"]):
-                    raise Fail(f"rank {rank} of {ws}, {how}: the bias was added {ws} times; add "
-                               "it once, after the all-reduce (or on rank 0 only, before it)")
-                _close(g, full, f"rank {rank} of {ws}, {how}: the all-reduced output")
+            for i, (x, bias, what) in enumerate(cases(t)):
+                full = F.linear(x, t["w"], bias)
+                for got, how in zip(out[2 * i:2 * i + 2], ("input_is_parallel=False",
+                                                           "input_is_parallel=True")):
+                    g = torch.tensor(got, dtype=torch.float64)
+                    if bias is not None and g.shape == full.shape and \
+                            torch.allclose(g, full + (ws - 1) * bias):
+                        raise Fail(f"rank {rank} of {ws}, {how}: the bias was added {ws} times; "
+                                   "add it once, after the all-reduce (or on rank 0 only, "
+                                   "before it)")
+                    _close(g, full, f"rank {rank} of {ws}, {what}, {how}: the all-reduced "
+                                    "output")
 
 
 def _mlp_job(impl, rank, ws, t):

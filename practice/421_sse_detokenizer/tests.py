@@ -83,12 +83,32 @@ def replay(impl, ids, what, skip=True, batch=1):
     return sent + d.flush()
 
 
-@test(input="each text of: " + " | ".join(repr(t) for t in TEXTS) + ", one token per push")
+@test(input="each text of: " + " | ".join(repr(t) for t in TEXTS) + ", one token per push; "
+            "then two detokenizers pushed in turn, one byte token each: '東京🤗' and 'é👩'")
 def one_token_at_a_time(impl):
     for text in TEXTS:
         ids = tok().encode(text)
         check_equal(replay(impl, ids, repr(text)), text,
                     f"everything sent for {text!r}, flush() included")
+    _check_two_at_once(impl, ["東京🤗", "é👩"])
+
+
+def _check_two_at_once(impl, texts):
+    """Two requests stream at once: each detokenizer keeps its own unfinished bytes."""
+    ids = [byte_ids(t.encode()) for t in texts]
+    ds = [impl.IncrementalDetokenizer(tok()) for _ in texts]
+    sent = ["" for _ in texts]
+    for i in range(max(map(len, ids))):
+        for k in range(len(texts)):
+            if i < len(ids[k]):
+                sent[k] += ds[k].push([ids[k][i]])
+                if sent[k] != (want := oracle(impl, ids[k][:i + 1])):
+                    raise Fail(f"two detokenizers pushed in turn, one byte token each: "
+                               f"{texts[k]!r} after its byte {i + 1}. Each detokenizer keeps its "
+                               "own unfinished bytes (nothing shared between instances)",
+                               expected=want, got=sent[k])
+    check_equal([s + d.flush() for s, d in zip(sent, ds)], texts,
+                "the texts of two detokenizers pushed in turn, flush() included")
 
 
 @test(input="the same texts, 3 tokens per push")
@@ -143,16 +163,21 @@ def _check_edge_streams(impl):
                     f"everything sent for the bytes {data.hex(' ')}, flush() included")
 
 
-@test(input="'ok<|im_end|>' with skip_special_tokens True and False; <|im_end|> between the "
-            "two halves of 'é'")
+@test(input="'<|im_start|>ok<|im_end|>' with skip_special_tokens True and False; <|im_end|> "
+            "between the two halves of 'é'")
 def special_tokens(impl):
     t = tok()
-    end = t.eos_token_id
-    ids = t.encode("ok") + [end]
-    check_equal(replay(impl, ids, "ok<|im_end|>", skip=True), "ok",
-                "the text of 'ok' + <|im_end|> with skip_special_tokens=True")
-    check_equal(replay(impl, ids, "ok<|im_end|>", skip=False), "ok<|im_end|>",
-                "the text of 'ok' + <|im_end|> with skip_special_tokens=False")
+    end, start = t.eos_token_id, t.backend.token_to_id("<|im_start|>")
+    ids = [start] + t.encode("ok") + [end]
+    check_equal(replay(impl, ids, "<|im_start|>ok<|im_end|>", skip=True), "ok",
+                "the text of <|im_start|> + 'ok' + <|im_end|> with skip_special_tokens=True "
+                "(every special token is skipped, not only the end of text)")
+    d = impl.IncrementalDetokenizer(t)
+    check_equal(d.push(ids) + d.flush(), "ok", "IncrementalDetokenizer(tokenizer) (the default "
+                "is skip_special_tokens=True) of <|im_start|> + 'ok' + <|im_end|>")
+    check_equal(replay(impl, ids, "<|im_start|>ok<|im_end|>", skip=False),
+                "<|im_start|>ok<|im_end|>", "the text of <|im_start|> + 'ok' + <|im_end|> with "
+                "skip_special_tokens=False")
     split = byte_ids(b"\xc3") + [end] + byte_ids(b"\xa9")
     check_equal(replay(impl, split, "C3, <|im_end|> (skipped: the bytes on either side "
                                     "meet), A9", skip=True), "é",
@@ -198,11 +223,18 @@ def sse_wire(impl):
     ids = tok().encode(text)
     a, b = socket.socketpair()
     yielded: list[bytes] = []
+    taken, at = [0], []  # batches stream_completion took so far; that count at each yield
+
+    def batches():
+        for i in ids:
+            taken[0] += 1
+            yield [i]
 
     def send():
         try:
-            for event in impl.stream_completion(tok(), "cmpl-7", [[i] for i in ids], "stop"):
+            for event in impl.stream_completion(tok(), "cmpl-7", batches(), "stop"):
                 yielded.append(event)
+                at.append(taken[0])
                 a.sendall(event)
         finally:
             a.close()
@@ -227,8 +259,8 @@ def sse_wire(impl):
             body = json.loads(raw[6:].decode("utf-8"))  # strict: a split character fails here
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise Fail("an event's data is not valid UTF-8 JSON", got=f"{raw!r}: {e}") from None
-        check_equal((body.get("id"), body.get("object")), ("cmpl-7", "text_completion"),
-                    "an event's (id, object)")
+        check_equal((body.get("id"), body.get("object"), body["choices"][0].get("index")),
+                    ("cmpl-7", "text_completion", 0), "an event's (id, object, choices[0].index)")
         choice = body["choices"][0]
         texts.append(choice["text"])
         reasons.append(choice["finish_reason"])
@@ -240,3 +272,17 @@ def sse_wire(impl):
     empty = [i for i, x in enumerate(texts[:-1]) if not x]
     check_equal(empty, [], "positions of events with empty text before the last (a token that "
                            "completes no character sends no event)")
+    _check_streams_as_it_goes(impl, ids, texts, at)
+
+
+def _check_streams_as_it_goes(impl, ids, texts, at):
+    """Each event is yielded for the batch that completed its text, before the next batch."""
+    want, sent = [], ""
+    for j in range(len(ids)):
+        if new := oracle(impl, ids[:j + 1])[len(sent):]:
+            want.append((j + 1, new))
+            sent += new
+    check_equal(list(zip(at, texts))[:-1], want,
+                "(batches taken from token_batches when the event was yielded, its text) for "
+                "each event before the last: one event per batch that completes text, yielded "
+                "before the next batch is taken (stream; do not read ahead)")

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from minivllm.judge.api import Fail, check_equal, scaled, test
 
 FIRST_S = 0.5  # the server's wait before the first token
+HEADERS_S = 0.3  # 'steady' sends its response headers this late (a server that queues first)
 # Between the tokens of a 'long' stream: 2.5 s a stream, so a queued request waits 2.5 s for a
 # slot, and a clock started before that wait is off by as much (scaled: a busy machine delays
 # the client's reads by seconds; the wait stretches with it).
@@ -46,7 +47,10 @@ SCENARIOS = {
        + [(LONG_GAP_S, event(f"{k}.{i} ")) for i in range(1, 6)] + [(0, END)] for k in range(4)},
     "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
     "stall": [(0, event("x")), (0, None)],  # None: silent, the connection open, until the test ends
+    "held": [(0, "hold"), (0, event("h")), (0, END)],  # "hold": until HOLD_OPEN were held at once
 }
+HOLD_OPEN = 3  # the concurrency of the 'held' check
+HOLD_S = scaled(3.0)  # a stream held longer than this waits for streams that never come
 STALL_TIMEOUT_S = 1.0  # stream_request's timeout in the stalled-server check
 
 
@@ -59,7 +63,8 @@ class Server:
         self.arrived: dict[str, float] = {}  # prompt: when its request had been read
         self.first_write: dict[str, float] = {}  # prompt: just before its first token's write
         self.open_now = self.most_open = 0
-        self.lock = threading.Lock()
+        self.held_now = self.most_held = 0  # streams waiting in a "hold" step
+        self.lock = threading.Condition()
         self.gate, self.gate_missed = threading.Event(), False
         self.released = threading.Event()  # ends the 'stall' scenario's silence
 
@@ -82,6 +87,7 @@ class Server:
                     judge.open_now += 1
                     judge.most_open = max(judge.most_open, judge.open_now)
                 try:
+                    time.sleep(HEADERS_S if body["prompt"] == "steady" else 0)
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
@@ -92,6 +98,9 @@ class Server:
                             continue
                         if data is None:
                             judge.released.wait()
+                            continue
+                        if data == "hold":
+                            judge.hold()
                             continue
                         if b'"text": ""' not in data:
                             judge.first_write.setdefault(body["prompt"], time.perf_counter())
@@ -108,6 +117,15 @@ class Server:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
+
+    def hold(self):
+        """Wait until HOLD_OPEN streams were held at once (at most HOLD_S)."""
+        with self.lock:
+            self.held_now += 1
+            self.most_held = max(self.most_held, self.held_now)
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: self.most_held >= HOLD_OPEN, HOLD_S)
+            self.held_now -= 1
 
     def __enter__(self):
         return self
@@ -164,7 +182,8 @@ def sse_parser(impl):
                            "only whole: a character's bytes may come in different feeds)")
 
 
-@test(input="'steady': headers, an empty-text event at once, then A after 0.5 s; B only once "
+@test(input="'steady': headers after 0.3 s, an empty-text event at once, then A after 0.5 s; "
+            "B only once "
             "the client's clock timed A; an empty-text event; C D E 0.1 s apart, a finish "
             "event, [DONE]", timeout=40)
 def one_stream(impl):
@@ -179,11 +198,11 @@ def one_stream(impl):
                 "(ok, error, text, n_tokens)")
     check_equal(len(r.itls), 4, "len(itls): one gap per pair of consecutive tokens (the wait "
                                 "for the first token is TTFT, not an ITL)")
-    if r.ttft < FIRST_S - 1e-3:
-        raise Fail(f"ttft is {r.ttft:.3f} s, but the first token was sent {FIRST_S:g} s after "
-                   "the request arrived: TTFT runs from sending the request to the first event "
-                   "with text (not to the headers, not to an empty event)",
-                   expected=f">= {FIRST_S:g}", got=r.ttft)
+    if r.ttft < HEADERS_S + FIRST_S - 1e-3:
+        raise Fail(f"ttft is {r.ttft:.3f} s, but the first token was sent {HEADERS_S + FIRST_S:g} "
+                   "s after the request arrived: TTFT runs from sending the request to the first "
+                   f"event with text (not from the headers, sent {HEADERS_S:g} s late, and not "
+                   "to an empty event)", expected=f">= {HEADERS_S + FIRST_S:g}", got=r.ttft)
     _check_timing_identity(r, "steady")
     check_equal(s.requests[0], {"prompt": "steady", "max_tokens": 5, "stream": True},
                 "the JSON body the server received")
@@ -268,6 +287,14 @@ def summarize_math(impl):
                    "(not over per-request means); failed requests count nowhere but 'failed'",
                    expected={k: v for k, (_, v) in wrong.items()},
                    got={k: g for k, (g, _) in wrong.items()})
+    check_equal([impl.percentile([5.0], 50), impl.percentile([1.0, 2.0, 3.0], 100),
+                 impl.percentile([1.0, 2.0, 3.0], 0)], [5.0, 3.0, 1.0],
+                "[percentile([5], 50), percentile([1, 2, 3], 100), percentile([1, 2, 3], 0)] "
+                "(one value; the ends)")
+    none = {k: None for k in want if k.endswith(("_p50", "_p99"))}
+    check_equal(impl.summarize(rs[3:], 10.0), {"completed": 0, "failed": 1,
+                                               "output_tok_per_s": 0.0, **none},
+                "summarize of one failed result (no values: None, not an error)")
 
 
 @test(input="run_load: prompts long0..long3 (first token after 0.5 s, 1 s for long0, then 5 "
@@ -289,6 +316,8 @@ def concurrent_load(impl):
                 "long1 and the failed one), not in the order they finished")
     check_equal((len(s.requests), most), (5, 2), "(requests the server got, the most streams "
                                                  "open at once) with concurrency 2")
+    check_equal(sorted({r["max_tokens"] for r in s.requests}), [6],
+                "the max_tokens the server got (run_load's max_tokens is 6, its concurrency 2)")
     ttfts = {p: round(r.ttft, 2) for p, r in zip(prompts, rs) if r.ok}
     early = {p: t for p, t in ttfts.items() if t < FIRST_S - 1e-3}
     # A clock started when the run started reads, for a request that waited for a slot, at
@@ -301,3 +330,15 @@ def concurrent_load(impl):
                    "first token): each request's clock starts when that request is sent, not "
                    "when the run starts (long2 and long3 wait for a free slot first)",
                    expected=f"long2 and long3 under {waited}", got=ttfts)
+
+
+@test(input=f"run_load: 4 prompts 'held' (each stream waits until {HOLD_OPEN} were waiting at "
+            f"once), concurrency {HOLD_OPEN}", timeout=60)
+def uses_its_concurrency(impl):
+    with Server() as s:
+        rs = impl.run_load("127.0.0.1", s.port, ["held"] * 4, 1, HOLD_OPEN)
+        most = s.most_held  # a stream leaves the hold before it ends: the 4th cannot meet 3
+    check_equal([(r.ok, r.text) for r in rs], [(True, "h")] * 4, "(ok, text) of each result")
+    check_equal(most, HOLD_OPEN, f"the most streams waiting at once with concurrency "
+                                 f"{HOLD_OPEN} (use the concurrency given: every slot open "
+                                 "while streams wait, no more)")

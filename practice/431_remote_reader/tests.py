@@ -104,24 +104,30 @@ def ready_handshake(impl):
         sender.join()
 
 
-@test(input="one RemoteReader; the writer's first message is [b'step 7', b'payload'], not READY")
+@test(input="one RemoteReader; the writer's first message is [b'step 7', b'payload'], not READY; "
+            "then another, whose first message is [b'READY', b'step 8'] (READY is one frame)")
 def ready_is_checked(impl):
+    for first, name in (([b"step 7", b"payload"], "step 7"), ([READY, b"step 8"], "")):
+        _check_not_ready(impl, first, name)
+
+
+def _check_not_ready(impl, first, name):
     with _bench(impl, 1) as (w, readers):
-        w.sock.send_multipart([b"step 7", b"payload"])
+        w.sock.send_multipart(first)
         try:
             readers[0].wait_until_ready(HANG_S)
         except RuntimeError as e:
-            if "step 7" not in str(e):
+            if name not in str(e):
                 raise Fail("the RuntimeError must name what came instead of READY",
-                           expected="... b'step 7' ...", got=str(e)) from None
+                           expected=f"... {name} ...", got=str(e)) from None
             return
         except AssertionError:
             raise Fail("wait_until_ready raised AssertionError; the README asks for a "
                        "RuntimeError that names what came (an assert vanishes under "
                        "python -O)") from None
-        raise Fail("wait_until_ready returned although the first message was b'step 7', not "
-                   "READY: this reader joined a writer that was already publishing and has "
-                   "missed messages; raise RuntimeError naming what came")
+        raise Fail(f"wait_until_ready returned although the first message was {first}, not "
+                   "[b'READY'] (one frame): this reader joined a writer that was already "
+                   "publishing and has missed messages; raise RuntimeError naming what came")
 
 
 DEAD_WRITER = """
@@ -305,10 +311,10 @@ def _reader_leaves(impl, ctx) -> None:
         w.close()
 
 
-def _trickle(pace, call, what: str):
+def _trickle(pace, call, what: str, address: str = ""):
     """Run call() while pace(k) makes arrival k every TRICKLE_GAP_S. The verdict: did call
-    raise TimeoutError before all TRICKLE_N had arrived? A round in which the judge's own gaps
-    reached TOTAL_T (a stalled machine) proves nothing and is run again."""
+    raise TimeoutError (naming `address`) before all TRICKLE_N had arrived? A round in which
+    the judge's own gaps reached TOTAL_T (a stalled machine) proves nothing and is run again."""
     for _ in range(ROUNDS):
         stop, stamps = threading.Event(), [time.monotonic()]
 
@@ -320,16 +326,20 @@ def _trickle(pace, call, what: str):
                 stamps.append(time.monotonic())
         th = threading.Thread(target=pacer)
         th.start()
+        error = None
         try:
             value = call()
         except TimeoutError as e:
-            if f"of {TRICKLE_N}" not in str(e):
-                raise Fail("the TimeoutError must say how many came",
-                           expected=f"... 3 of {TRICKLE_N} ...", got=str(e)) from None
-            return
+            if f"of {TRICKLE_N}" not in str(e) or address not in str(e):
+                raise Fail("the TimeoutError must say how many came" + (
+                           " and name the writer's address" if address else ""),
+                           expected=f"... 3 of {TRICKLE_N} ... {address}", got=str(e)) from None
+            error = str(e)
         finally:
             stop.set()
             th.join()
+        if error is not None:
+            return error, len(stamps) - 1  # the message, and how many arrivals were made
         if isinstance(value, list) and len(value) < TRICKLE_N:
             raise Fail(f"{what} returned {len(value)} of {TRICKLE_N} messages when its deadline "
                        f"passed: raise TimeoutError('{len(value)} of {TRICKLE_N} ...') instead, "
@@ -355,6 +365,7 @@ def wait_deadline_is_total(impl):
         _trickle(lambda k: subs.append(_subscriber(ctx, w.address)),
                  lambda: impl.wait_for_readers(w.sock, TRICKLE_N, TOTAL_T),
                  f"wait_for_readers(n={TRICKLE_N}, timeout={TOTAL_T:g})")
+        _check_nothing_sent(w, subs)
     finally:
         for s in subs:
             s.close()
@@ -362,7 +373,21 @@ def wait_deadline_is_total(impl):
         w.close()
 
 
-@test(input=f"read(3, {HANG_S:g}) of 3 queued messages; then read({TRICKLE_N}, {TOTAL_T}) while a "
+def _check_nothing_sent(w, subs) -> None:
+    """After wait_for_readers timed out, the first message each SUB gets is the judge's."""
+    for i, s in enumerate(subs):
+        deadline = time.monotonic() + JOIN_S
+        while not s.poll(20) and time.monotonic() < deadline:
+            w.sock.send(b"after")  # until this SUB's subscription is in
+        got = s.recv() if s.poll(0) else None
+        if got != b"after":
+            raise Fail(f"reader {i} got {got!r} from a wait_for_readers that timed out: on "
+                       "timeout raise and send nothing (a READY would start readers that are "
+                       "not all there)", expected=b"after", got=got)
+
+
+@test(input=f"read(3, {HANG_S:g}) of 4 queued messages; read(0); dequeue; then "
+            f"read({TRICKLE_N}, {TOTAL_T}) while a "
             f"message comes every {TRICKLE_GAP_S} s", timeout=30)
 def read_deadline_is_total(impl):
     with _bench(impl, 1, ready=True) as (w, [r]):
@@ -373,8 +398,25 @@ def read_deadline_is_total(impl):
         if got != want:
             raise Fail("read(3) must return exactly 3 messages, each the list of its frames, in "
                        "order", expected=want, got=got, input="4 messages queued")
-        _trickle(lambda k: w.sock.send_multipart([b"trickle", str(k).encode()]),
-                 lambda: r.read(TRICKLE_N, TOTAL_T), f"read({TRICKLE_N}, {TOTAL_T:g})")
+        check_equal(r.read(0, HANG_S), [], "read(0) with a 4th message queued (it takes none)")
+        check_equal(r.dequeue(HANG_S), [b"queued", b"3"], "dequeue() after read(0)")
+        message, sent = _trickle(lambda k: w.sock.send_multipart([b"trickle", str(k).encode()]),
+                                 lambda: r.read(TRICKLE_N, TOTAL_T),
+                                 f"read({TRICKLE_N}, {TOTAL_T:g})", w.address)
+        _check_count_told(w, r, message, sent)
+
+
+def _check_count_told(w, r, message: str, sent: int) -> None:
+    """The k in 'k of 8' is what read took: the messages after it are still in the socket."""
+    w.sock.send(b"end")
+    left = []
+    while (m := r.dequeue(HANG_S)) != [b"end"]:
+        left.append(m)
+    took = sent - len(left)
+    if f"{took} of {TRICKLE_N}" not in message:
+        raise Fail(f"read's TimeoutError must say how many messages it took ({took} of the "
+                   f"{sent} sent; {len(left)} were still unread)",
+                   expected=f"... {took} of {TRICKLE_N} ...", got=message)
 
 
 @test(input="RemoteReader: READY, one message, close(), close(); then one whose writer is gone")

@@ -53,9 +53,9 @@ def _arrived(yours, what: str) -> None:
                    "your code close or replace a socket it was given?")
 
 
-def _beat(pairs, *names, count=1):
+def _beat(pairs, *names, count=1, byte=b"."):
     for n in names:
-        pairs[n][1].sendall(b"." * count)
+        pairs[n][1].sendall(byte * count)
     for n in names:
         _arrived(pairs[n][0], f"heartbeat from {n}")
 
@@ -127,20 +127,22 @@ def _ended(theirs, who: str) -> None:
                    "report, and stop watching it")
 
 
-@test(input=f"peers A, B, C, deadline {D:g}: all three beat every 9 s of clock (C in bursts of "
-            "3 bytes), for 90 s; a check right after each round of beats")
+@test(input=f"peers A, B, C, deadline {D:g}: all three beat every 9 s of clock (A b'.', "
+            "B b'\\x00', C in bursts of 3 b'\\n'), for 90 s; a check right after each round")
 def slow_alive_peers(impl):
     with _watching(impl, "ABC") as (clock, pairs, watch):
         t0 = clock.now
         for step in range(1, 11):
             clock.now = t0 + 9 * step
-            _beat(pairs, "A", "B")
-            _beat(pairs, "C", count=3)
+            _beat(pairs, "A")
+            _beat(pairs, "B", byte=b"\x00")
+            _beat(pairs, "C", count=3, byte=b"\n")
             got = _check(watch, where=f"t={9 * step}, all three just beat")
             if got:
                 raise Fail(f"false alarm at t={9 * step}: {got}, but every peer beats every 9 s, "
                            f"within the {D:g} s deadline, and had just beaten. Read every ready "
-                           "socket in each check, and count a beat at the time it is read",
+                           "socket in each check, and count a beat at the time it is read (a "
+                           "beat is any bytes)",
                            input="beats every 9 s, a check after each round")
 
 
@@ -167,7 +169,8 @@ def detector_stall(impl):
                        expected={"A": impl.SILENT, "B": impl.SILENT}, got=got)
 
 
-@test(input="check(wait) while the judge sends a beat 0.3 s after the call starts")
+@test(input="check(wait) while the judge sends a beat 0.3 s after the call starts; then check(0.3) "
+            "with nothing coming and the clock standing still")
 def check_waits(impl):
     with _watching(impl, "A") as (clock, pairs, watch):
         wait, sent = ARRIVE_S, []
@@ -186,6 +189,10 @@ def check_waits(impl):
     if end - start >= wait:
         raise Fail(f"check({wait:g}) took {end - start:.2f} s although a beat arrived after "
                    "0.3 s: return as soon as something arrives, not after the whole wait")
+    with _watching(impl, "A") as (clock, pairs, watch):  # the clock stands still meanwhile
+        got = _check(watch, 0.3, where="check(0.3), nothing comes: `wait` is real time, not "
+                                        "the clock's")
+        check_equal(got, {}, "check(0.3) with nothing coming")
 
 
 PEER = """
@@ -222,11 +229,11 @@ def _tell_beat(proc, pairs, name):
 
 
 @test(input=f"deadline {D:g}; peer processes P0 and P1 and an in-process peer R beat at t=2; "
-            "then P0 gets SIGSTOP, P1 SIGKILL, R resets its connection (RST); check at t=7 "
-            "and at t=13", timeout=30)
+            "then P0 gets SIGSTOP, P1 beats once more and gets SIGKILL, R resets its connection "
+            "(RST); check at t=7; peer Q, never heard, closes; check at t=13", timeout=30)
 def dead_vs_paused_peer(impl):
     procs = {}
-    with _watching(impl, ["P0", "P1", "R"]) as (clock, pairs, watch), _reaped(procs):
+    with _watching(impl, ["P0", "P1", "R", "Q"]) as (clock, pairs, watch), _reaped(procs):
         t0 = clock.now
         procs.update({n: _peer_process(pairs[n][1]) for n in ("P0", "P1")})
         clock.now = t0 + 2
@@ -235,6 +242,7 @@ def dead_vs_paused_peer(impl):
         _beat(pairs, "R")
         check_equal(_check(watch, where="t=2, all beat"), {}, "check() at t=2")
         os.kill(procs["P0"].pid, signal.SIGSTOP)
+        _tell_beat(procs["P1"], pairs, "P1")  # a last beat, then the end, read in one check
         os.kill(procs["P1"].pid, signal.SIGKILL)
         procs["P1"].wait()
         _arrived(pairs["P1"][0], "end of P1's connection (its process was killed)")
@@ -247,11 +255,16 @@ def dead_vs_paused_peer(impl):
         if got != want:
             raise Fail("a peer whose connection ended (FIN after its process died, or RST) is "
                        "dead now, whatever the clock says: report it CLOSED at once (recv "
-                       "returns b'' or raises ConnectionResetError). A stopped peer's connection "
-                       "stays open: it is not dead before its deadline", expected=want, got=got)
+                       "returns b'' or raises ConnectionResetError), also when a beat came "
+                       "just before the end. A stopped peer's connection stays open: it is not "
+                       "dead before its deadline", expected=want, got=got)
+        pairs["Q"][1].close()
+        _arrived(pairs["Q"][0], "end of Q's connection")
         clock.now = t0 + 2 + D + 1
-        check_equal(_check(watch, where="t=13: P0 stopped since t=2"), {"P0": impl.SILENT},
-                    "check() 11 s after the stopped peer's last beat")
+        check_equal(_check(watch, where="t=13: P0 stopped since t=2; Q never heard, closed"),
+                    {"P0": impl.SILENT, "Q": impl.CLOSED}, "check() 11 s after the stopped "
+                    "peer's last beat (Q's connection ended: CLOSED, though past its deadline "
+                    "too)")
 
 
 @test(input="PeerWatch over 3 peers; a beat; check(); close(); close()")
