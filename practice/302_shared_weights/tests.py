@@ -277,6 +277,12 @@ def ack_wait_has_no_limit(impl):
 
 
 # --- the wire, as README.md fixes it: one JSON frame of metas, then the descriptors, then b"ack"
+def _meta(name: str, t: torch.Tensor) -> dict:
+    """A tensor's entry in the JSON frame, as README.md fixes it."""
+    return {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+            "nbytes": t.untyped_storage().nbytes()}
+
+
 def _judge_frame(sock) -> tuple[bytes, list[int]]:
     """One Connection frame read off the raw socket (a 4-byte big-endian length, then the
     bytes), and any descriptors that came with its first bytes."""
@@ -300,9 +306,8 @@ def _judge_receive(conn, ws) -> None:
             raise Fail("send_weights sent the descriptors before the JSON frame of metas: the "
                        "engine reads the metas first (conn.recv_bytes()), then the descriptors")
         metas = json.loads(data)
-        want = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                 "nbytes": t.untyped_storage().nbytes()} for n, t in ws.items()]
-        check_equal(metas, want, "the JSON frame of metas, as the judge's engine reads it")
+        check_equal(metas, [_meta(n, t) for n, t in ws.items()],
+                    "the JSON frame of metas, as the judge's engine reads it")
         _, fds, _, _ = socket.recv_fds(sock, 1, len(metas))
     check_equal(len(fds), len(metas), "the descriptors after the metas (one per meta)")
     for meta, fd in zip(metas, fds):
@@ -317,11 +322,9 @@ def _judge_receive(conn, ws) -> None:
 
 def _judge_send(conn, ws) -> None:
     """The judge's trainer side: share, the metas, the descriptors; then wait for the ack."""
-    metas = []
-    for n, t in ws.items():
+    for t in ws.values():
         t.share_memory_()
-        metas.append({"name": n, "dtype": str(t.dtype).removeprefix("torch."),
-                      "shape": list(t.shape), "nbytes": t.untyped_storage().nbytes()})
+    metas = [_meta(n, t) for n, t in ws.items()]
     fds = [t.untyped_storage()._share_fd_cpu_()[0] for t in ws.values()]
     conn.send_bytes(json.dumps(metas).encode())
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
