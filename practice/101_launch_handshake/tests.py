@@ -277,11 +277,10 @@ def stop_worker_escalates(impl):
                    "join(timeout), kill() it and join again")
     graceful = ctx.Process(target=exec, args=(GRACEFUL.format(path=graceful_file, pause=0.5), {}))
     graceful.start()
-    deadline = time.monotonic() + scaled(20)
-    while not os.path.exists(graceful_file + ".up") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    _stop_in_thread(impl, graceful, scaled(15))
+    _wait_for_file(graceful_file + ".up", "the child that cleans up on SIGTERM")
+    took = _stop_in_thread(impl, graceful, scaled(15))
     if not os.path.exists(graceful_file):
         raise Fail(f"stop_worker(process, timeout={scaled(15):.0f}) killed a worker that was "
                    f"cleaning up after SIGTERM (it needs 0.5 s): terminate() first, give it "
-                   f"`timeout` seconds to exit, kill only then", got=f"exit code {graceful.exitcode}")
+                   f"`timeout` seconds to exit, kill only then (it returned after {took:.1f} s; "
+                   f"the worker's exit code: {graceful.exitcode})")
