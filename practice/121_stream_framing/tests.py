@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, scaled, test
 
 
 def _pair():
@@ -76,6 +76,7 @@ def _whole_frame_through_a_timeout_socket(impl) -> None:
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(_read_frame, b)
             impl.send_frame(a, payload)
+            timeout = a.gettimeout()
             a.shutdown(socket.SHUT_WR)  # whatever send_frame did not send never comes now
             try:
                 got = reading.result()
@@ -86,6 +87,8 @@ def _whole_frame_through_a_timeout_socket(impl) -> None:
                            got=exc.message) from None
         if got != payload:
             raise Fail(f"a frame of {BIG_FRAME} bytes came out wrong", got=f"{len(got)} bytes")
+        check_equal(timeout, 5.0, "the socket's timeout after send_frame (the caller's own: "
+                    "leave it as you found it)")
     finally:
         a.close()
         b.close()
@@ -97,7 +100,10 @@ def _whole_frame_through_a_timeout_socket(impl) -> None:
 def round_trip(impl):
     a, b = _pair()
     try:
+        impl.send_frame(a, b"")
         impl.send_frame(a, b"hello")
+        check_equal(b.recv(4), struct.pack("!I", 0), "send_frame(b'') on the wire (a header "
+                    "saying 0: an empty frame is a frame)")
         check_equal(b.recv(4), struct.pack("!I", 5), "the header on the wire (4 bytes, big-endian)")
         check_equal(b.recv(5), b"hello", "the payload after the header")
         for size in BOUNDARY_SIZES:
@@ -182,6 +188,7 @@ def partial_reads(impl):
                 raise Fail(f"frame {i} came out wrong: a recv() may return fewer bytes than asked",
                            expected=f"{len(f)} bytes", got=f"{len(got) if got is not None else None} bytes",
                            input="pieces of 1, 1, 1, 1, 7 and 997 bytes per recv()")
+            check_equal(type(got).__name__, "bytes", f"the type recv_frame returned for frame {i}")
         try:
             last = impl.recv_frame(b)
         except Exception as exc:
@@ -249,4 +256,36 @@ def too_large(impl):
         check_equal(sent, b"", "what send_frame sent before refusing")
     finally:
         a.close()
+        b.close()
+
+
+@test(input="a peer that sends 2 header bytes, then nothing, holding its end open; the reading "
+            "socket has a timeout of 0.1 s", timeout=20)
+def stubborn_peer(impl):
+    a, b = _pair()
+    b.settimeout(0.1)
+    a.sendall(b"\x00\x00")
+    outcome, done = [], threading.Event()
+
+    def read():
+        try:
+            outcome.append(impl.recv_frame(b))
+        except BaseException as exc:
+            outcome.append(exc)
+        done.set()
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not done.wait(scaled(5.0)):  # 50 times the socket's timeout: only a hang gets here
+            raise Fail("recv_frame on a socket with a 0.1 s timeout, whose peer went silent "
+                       "inside a header, neither raised nor returned: the socket.timeout "
+                       "(TimeoutError) must reach the caller; do not retry it, nor make the "
+                       "socket blocking")
+        if not isinstance(outcome[0], TimeoutError):
+            raise Fail("recv_frame on a socket with a timeout, whose peer went silent, must let "
+                       "the socket.timeout (TimeoutError) through", got=repr(outcome[0])[:80])
+        check_equal(b.gettimeout(), 0.1, "the socket's timeout after recv_frame (the caller's "
+                    "own: leave it as you found it)")
+    finally:
+        a.close()  # wakes a reader still blocked in recv()
+        done.wait(scaled(5.0))
         b.close()
