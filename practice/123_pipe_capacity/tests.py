@@ -8,6 +8,7 @@ a writer whose reader drains the pipe only once it is full blocks about once per
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import os
 import select
@@ -176,15 +177,15 @@ BUDGET = 256 * KIB  # the largest pipe a user whose page budget is nearly spent 
 class _PageBudget:
     """While active, fcntl.fcntl refuses (EPERM) to grow a pipe past BUDGET, as the kernel does
     once the user holds more than pipe-user-pages-soft pages of pipes, however far below
-    pipe-max-size; `calls` counts the refusals."""
+    pipe-max-size (or, given `errno`, fails so); `calls` counts the refusals."""
 
-    def __init__(self):
-        self.real, self.calls = fcntl.fcntl, 0
+    def __init__(self, error: int = errno.EPERM):
+        self.real, self.calls, self.error = fcntl.fcntl, 0, error
 
     def fcntl(self, fd, cmd, arg=0):
         if cmd == F_SETPIPE_SZ and arg > BUDGET:
             self.calls += 1
-            raise PermissionError(1, "Operation not permitted")
+            raise OSError(self.error, os.strerror(self.error))  # EPERM: a PermissionError
         return self.real(fd, cmd, arg)
 
     def __enter__(self):
@@ -222,6 +223,15 @@ def halves_on_eperm(impl):
                         "(pipe-user-pages-soft) refuses anything above 256 KiB: EPERM comes "
                         "below pipe-max-size too, so halve the request, do not ask for the max",
                         input=f"grow_pipe(w, {max_size}), EPERM above {BUDGET}")
+        with _PageBudget(errno.ENOMEM) as budget:  # not EPERM: the caller's to handle
+            try:
+                got = f"returned {impl.grow_pipe(w, max_size)}"
+            except OSError as e:
+                got = e
+        if budget.calls and getattr(got, "errno", None) != errno.ENOMEM:
+            raise Fail("grow_pipe must let an OSError other than EPERM through: only EPERM "
+                       "means 'ask for less'", expected="OSError ENOMEM", got=repr(got),
+                       input=f"grow_pipe(w, {max_size}), ENOMEM above {BUDGET}")
     finally:
         os.close(r)
         os.close(w)
@@ -469,6 +479,7 @@ def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
 
 
 @test(input="Writer(64 MiB, 64 KiB) then finish() at once (the writer gets EPIPE and exits 1); "
+            "one killed by SIGKILL, then finish(); "
             "Writer(64 MiB, 64 KiB) stopped (SIGSTOP), then finish(timeout=0.5)", timeout=40)
 def finish_reports_errors(impl):
     writer = impl.Writer(64 * MIB, 64 * KIB)
@@ -484,6 +495,16 @@ def finish_reports_errors(impl):
     if not reaped:
         raise Fail("finish() raised RuntimeError but left the writer unreaped: wait4 first, "
                    "then look at its exit status")
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    os.kill(writer.pid, signal.SIGKILL)  # killed by a signal: no exit code, not a success
+    try:
+        got, _ = _finish_in_thread(writer, WAIT_S)
+    finally:
+        procfs.kill_and_reap(writer.pid)
+    if not got.startswith("RuntimeError"):
+        raise Fail("finish() of a writer killed by SIGKILL must raise RuntimeError: its wait "
+                   "status holds a signal, not an exit code of 0 (os.waitstatus_to_exitcode "
+                   "gives -9)", expected="RuntimeError: ...", got=got)
     writer = impl.Writer(64 * MIB, 64 * KIB)
     os.kill(writer.pid, signal.SIGSTOP)  # alive, and never exits by itself
     try:
