@@ -66,6 +66,9 @@ def check_in_place(impl, device: str) -> None:
                    "write them inside torch.no_grad()", input=where) from None
     check_equal(names, list(update), "the returned names (in the update's order)", where)
     for n in target:
+        if isinstance(target[n], torch.nn.Parameter) and not target[n].requires_grad:
+            raise Fail(f"target[{n!r}] no longer requires grad: write under torch.no_grad() "
+                       "and leave the engine's Parameters as they were", input=where)
         if (id(target[n]), target[n].data_ptr()) != ids[n]:
             raise Fail(f"target[{n!r}] is a new tensor: write into the engine's tensor in place "
                        "(copy_), because other code holds it and its memory",
@@ -110,7 +113,8 @@ def all_or_nothing(impl):
 
 
 @test(input="'layers.0.norm' arrives as float64; the engine's is float32. Then a bfloat16 "
-      "update for a float16 weight (the same 2 bytes an element, another format)")
+      "update for a float16 weight (the same 2 bytes an element, another format), and an int8 "
+      "update for a float32 weight")
 def dtype_mismatch(impl):
     update = trainer()
     update["layers.0.norm"] = update["layers.0.norm"].double()
@@ -122,6 +126,9 @@ def dtype_mismatch(impl):
     target = {"w": torch.zeros(2, 4, dtype=torch.float16)}
     expect_mismatch(impl, target, {"w": torch.ones(2, 4, dtype=torch.bfloat16)},
                     "a bfloat16 update for a float16 weight (same element size: compare dtypes)")
+    expect_mismatch(impl, {"w": torch.zeros(2, 4)}, {"w": torch.ones(2, 4, dtype=torch.int8)},
+                    "an int8 update for a float32 weight (a quantized checkpoint: compare every "
+                    "dtype, not only floating ones)")
 
 
 @test(input="an update with 'layers.1.q_proj.weight', which the engine does not have")
