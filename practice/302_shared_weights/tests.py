@@ -81,7 +81,8 @@ def share_then_attach(impl):
                        got=f"{views[name].dtype} {list(views[name].shape)}", input=name)
 
 
-@test(input="attach() of 3 descriptors")
+@test(input="attach() of 3 descriptors; again, with each number that map_fd frees reused at "
+            "once by a new pipe (what another thread's open() may get)")
 def attach_closes_the_descriptors(impl):
     ws = weights()
     metas, fds = impl.share(ws)
@@ -91,10 +92,36 @@ def attach_closes_the_descriptors(impl):
     if left:
         raise Fail("attach() left received descriptors open: each one is a leak (map_fd closes "
                    "the descriptor it is given)", got=f"{len(left)} of 3 still open")
+    real, reused = impl.map_fd, []
+
+    def map_then_reuse(fd, nbytes):
+        storage = real(fd, nbytes)
+        r, w = os.pipe()
+        if r != fd:  # the number map_fd freed now names the judge's pipe
+            os.dup2(r, fd)
+            os.close(r)
+        reused.append((fd, w))
+        return storage
+    impl.map_fd = map_then_reuse
+    try:
+        impl.attach(metas, [os.dup(fd) for fd in fds])
+    finally:
+        impl.map_fd = real
+        closed = [fd for fd, _ in reused if is_closed(fd)]
+        for fd, w in reused:
+            os.close(w)
+            if fd not in closed:
+                os.close(fd)
+    if closed:
+        raise Fail("attach() closed descriptors that map_fd had already closed: the process "
+                   "reused those numbers for a new pipe, which attach() then closed. map_fd "
+                   "closes its descriptor: never close it again", got=f"the judge's fds {closed} "
+                   "closed", input="each number map_fd frees reused at once")
 
 
 @test(input="one round in this process: send_weights of 4 tensors (not in sorted order) in a "
-      "thread, receive_weights into an engine of Parameters in another order", timeout=30,
+      "thread, receive_weights into an engine of Parameters in another order, with a fifth "
+      "weight the round does not send", timeout=30,
       hang="one side waits for a frame or descriptors the other never sends (check the order: "
            "JSON frame, fds, ack)")
 def engine_copies_in_place(impl):
@@ -103,6 +130,7 @@ def engine_copies_in_place(impl):
     KEEP.append(ws)  # freed only at exit: a storage whose descriptor was closed aborts when freed
     target = {n: torch.nn.Parameter(torch.zeros(t.shape, dtype=t.dtype))
               for n, t in reversed(list(ws.items()))}
+    target["extra.bias"] = torch.nn.Parameter(torch.ones(3))  # not in this round: stays as it is
     ids = {n: (id(t), t.data_ptr()) for n, t in target.items()}
     a, b = mp.Pipe()
     errors = []
@@ -119,13 +147,19 @@ def engine_copies_in_place(impl):
     except RuntimeError as e:
         raise Fail(f"receive_weights raised RuntimeError: {e}. The engine's weights are "
                    "Parameters that require grad: copy inside torch.no_grad()") from None
+    except KeyError as e:
+        raise Fail(f"receive_weights raised KeyError {e}: the engine has a weight the round "
+                   "does not send ('extra.bias'); copy each tensor received, by its name, and "
+                   "leave the others as they are") from None
     thread.join(ENGINE_WAIT_S)
     a.close()
     b.close()
     if errors:
         raise errors[0]
     where = f"trainer order {list(ws)}, engine order {list(target)}"
-    for n, t in target.items():
+    if not torch.equal(target["extra.bias"].detach(), torch.ones(3)):
+        raise Fail("the engine's 'extra.bias', which the round does not send, changed")
+    for n, t in ((n, t) for n, t in target.items() if n in ws):
         if (id(t), t.data_ptr()) != ids[n]:
             raise Fail(f"the engine's {n!r} is another tensor or another memory after the round: "
                        "copy into the engine's own tensor in place (copy_); rebinding target[name] "
@@ -355,3 +389,46 @@ def wire_order(impl):
             thread.join(ENGINE_WAIT_S)
             a.close()
     check_equal(sums(target), sums(theirs), "your engine's weight sums after the judge's round")
+
+
+def _take_round(conn) -> None:
+    """The judge's engine reads a round (the metas, the descriptors) and closes what came."""
+    conn.recv_bytes()
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 64)
+    for fd in fds:
+        os.close(fd)
+
+
+@test(input="your send_weights against a judge's engine that replies b'nak' instead of b'ack'; "
+            "then against one that closes the pipe without a reply", timeout=30)
+def no_ack_is_an_error(impl):
+    ws = weights()
+    KEEP.append(ws)  # freed only at exit (see engine_copies_in_place)
+    for reply, what in ((b"nak", "replied b'nak'"), (None, "closed the pipe without a reply")):
+        a, b = mp.Pipe()
+        outcome, done = [], threading.Event()
+
+        def trainer():
+            try:
+                impl.send_weights(a, ws)
+                outcome.append("it returned")
+            except BaseException as e:  # what it raised is the verdict
+                outcome.append(repr(e))
+            done.set()
+        threading.Thread(target=trainer, daemon=True).start()
+        try:
+            _take_round(b)
+            if reply:
+                b.send_bytes(reply)
+        finally:
+            b.close()
+            finished = done.wait(ENGINE_WAIT_S)
+            a.close()
+        if not finished:
+            raise Fail(f"send_weights neither returned nor raised after the engine {what}")
+        if outcome[0] == "it returned":
+            raise Fail(f"send_weights returned normally after the engine {what}: only b'ack' "
+                       "says the engine has the weights; anything else must raise (a wrong "
+                       "reply RuntimeError; recv_bytes's EOFError goes through)",
+                       expected="an exception", got="it returned")
