@@ -286,3 +286,39 @@ def _check_streams_as_it_goes(impl, ids, texts, at):
                 "(batches taken from token_batches when the event was yielded, its text) for "
                 "each event before the last: one event per batch that completes text, yielded "
                 "before the next batch is taken (stream; do not read ahead)")
+
+
+def _texts_and_reason(events: list[bytes], request_id: str) -> tuple[str, str]:
+    """The joined text of one stream's events and its last finish_reason, checked as it goes."""
+    check_equal(events[-1:], [b"data: [DONE]\n\n"], f"the last event of {request_id!r}")
+    bodies = [json.loads(e.removeprefix(b"data: ").decode()) for e in events[:-1]]
+    check_equal({b.get("id") for b in bodies}, {request_id}, f"the ids in {request_id!r}'s events")
+    return "".join(b["choices"][0]["text"] for b in bodies), bodies[-1]["choices"][0]["finish_reason"]
+
+
+@test(input="two streams at once: 'cmpl-a' with the byte tokens of '東🤗' then <|im_end|>, "
+            "finish_reason left at its default, takes each batch only after 'cmpl-b' (those of "
+            "'é👩' then <|im_end|>, finish_reason='stop') has yielded one more event; then "
+            "'cmpl-c' with no batch at all")
+def streams_side_by_side(impl):
+    end = tok().eos_token_id
+    events = {"cmpl-a": [], "cmpl-b": [], "cmpl-c": []}
+    b = impl.stream_completion(tok(), "cmpl-b", [[i] for i in byte_ids("é👩".encode())] + [[end]],
+                               "stop")
+
+    def batches_a():  # B moves on while A holds half a character
+        for i in byte_ids("東🤗".encode()) + [end]:
+            events["cmpl-b"].append(next(b, None))
+            yield [i]
+    events["cmpl-a"] = list(impl.stream_completion(tok(), "cmpl-a", batches_a()))
+    events["cmpl-b"] = [e for e in events["cmpl-b"] if e is not None] + list(b)
+    events["cmpl-c"] = list(impl.stream_completion(tok(), "cmpl-c", [], "stop"))
+    for rid, text, reason in (("cmpl-a", "東🤗", "length"), ("cmpl-b", "é👩", "stop"),
+                              ("cmpl-c", "", "stop")):
+        if len(events[rid]) < 2:
+            raise Fail(f"stream {rid!r} must end with an event holding the finish_reason, then "
+                       "data: [DONE], even when it had no batch", got=events[rid])
+        check_equal(_texts_and_reason(events[rid], rid), (text, reason),
+                    f"(the joined text, the finish_reason) of {rid!r}, streamed beside another "
+                    "(each stream keeps its own detokenizer; special tokens skipped; "
+                    "finish_reason as given, 'length' by default)")
