@@ -86,7 +86,11 @@ def _read_stream(resp, sent: float, clock, result: RequestResult) -> None:
             if data == DONE:
                 result.ok = True
                 return
-            text = json.loads(data)["choices"][0].get("text") or ""
+            body = json.loads(data)
+            if "error" in body:  # the server gave up mid-stream (vLLM sends such an event)
+                result.error = f"the server sent an error: {body['error']}"
+                return
+            text = body["choices"][0].get("text") or ""
             if not text:
                 continue  # an empty event (a role, a finish reason) is not a token
             now = clock()

@@ -46,6 +46,7 @@ SCENARIOS = {
     **{f"long{k}": [(0, event("")), (FIRST_S + (0.5 if k == 0 else 0), event(f"{k}.0 "))]
        + [(LONG_GAP_S, event(f"{k}.{i} ")) for i in range(1, 6)] + [(0, END)] for k in range(4)},
     "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
+    "error": [(0, event("x")), (0, b'data: {"error": {"message": "engine died"}}\n\n')],
     "stall": [(0, event("x")), (0, None)],  # None: silent, the connection open, until the test ends
     "held": [(0, "hold"), (0, event("h")), (0, END)],  # "hold": until HOLD_OPEN were held at once
 }
@@ -60,6 +61,7 @@ class Server:
     def __init__(self):
         judge = self
         self.requests: list[dict] = []
+        self.paths: list[str] = []  # the path of each POST
         self.arrived: dict[str, float] = {}  # prompt: when its request had been read
         self.first_write: dict[str, float] = {}  # prompt: just before its first token's write
         self.open_now = self.most_open = 0
@@ -75,6 +77,7 @@ class Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests.append(body)
+                judge.paths.append(self.path)
                 judge.arrived[body.get("prompt")] = time.perf_counter()
                 steps = SCENARIOS.get(body.get("prompt"))
                 if steps is None:
@@ -223,12 +226,19 @@ def bursts_and_split_events(impl):
 
 
 @test(input="HTTP 500 ('no such scenario'); 'cut' (2 tokens, then the server closes without "
-            "[DONE]); 'stall' (1 token, then silence) with timeout=1; a port nobody listens on",
+            "[DONE]); 'error' (1 token, then data: {\"error\": ...}); 'stall' (1 token, then "
+            "silence) with timeout=1; a port nobody listens on",
       timeout=30)
 def failures(impl):
     with Server() as s:
         bad = impl.stream_request("127.0.0.1", s.port, "no such scenario", 5)
         cut = impl.stream_request("127.0.0.1", s.port, "cut", 5)
+        try:
+            err = impl.stream_request("127.0.0.1", s.port, "error", 5)
+        except Exception as e:
+            raise Fail("stream_request raised on an error event (data: {\"error\": ...}, no "
+                       "choices): a server's error mid-stream is ok False and a message in "
+                       "error, never an exception", got=repr(e)) from None
         _check_gives_up_on_a_silent_server(impl, s)
     if bad.ok or "500" not in bad.error:
         raise Fail("a 500 response: ok False and the status in error", got=(bad.ok, bad.error))
@@ -236,6 +246,10 @@ def failures(impl):
         raise Fail("a stream that ends without data: [DONE]: ok False and an error that says so",
                    got=(cut.ok, cut.error))
     check_equal(cut.n_tokens, 2, "n_tokens of the cut stream (what did arrive is kept)")
+    if err.ok or "engine died" not in err.error or err.n_tokens != 1:
+        raise Fail("an error event after one token: ok False, the server's message in error, "
+                   "the token kept", expected=(False, "...engine died...", 1),
+                   got=(err.ok, err.error, err.n_tokens))
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
@@ -318,6 +332,8 @@ def concurrent_load(impl):
                                                  "open at once) with concurrency 2")
     check_equal(sorted({r["max_tokens"] for r in s.requests}), [6],
                 "the max_tokens the server got (run_load's max_tokens is 6, its concurrency 2)")
+    check_equal(sorted(set(s.paths)), ["/v1/completions"],
+                "the paths the server got (POST /v1/completions)")
     ttfts = {p: round(r.ttft, 2) for p, r in zip(prompts, rs) if r.ok}
     early = {p: t for p, t in ttfts.items() if t < FIRST_S - 1e-3}
     # A clock started when the run started reads, for a request that waited for a slot, at
@@ -339,6 +355,10 @@ def uses_its_concurrency(impl):
         rs = impl.run_load("127.0.0.1", s.port, ["held"] * 4, 1, HOLD_OPEN)
         most = s.most_held  # a stream leaves the hold before it ends: the 4th cannot meet 3
     check_equal([(r.ok, r.text) for r in rs], [(True, "h")] * 4, "(ok, text) of each result")
+    if len({id(r) for r in rs}) != len(rs):
+        raise Fail("run_load of 4 equal prompts returned the same result object more than once: "
+                   "one result per request sent, even where prompts repeat (do not key results "
+                   "by prompt)", got=f"{len({id(r) for r in rs})} distinct results of {len(rs)}")
     check_equal(most, HOLD_OPEN, f"the most streams waiting at once with concurrency "
                                  f"{HOLD_OPEN} (use the concurrency given: every slot open "
                                  "while streams wait, no more)")
