@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import select
 import termios
 import threading
 import time
@@ -73,11 +74,39 @@ def _pipes():
     return bell_r, bell_w, ack_r, ack_w
 
 
+class _SelectLimits:
+    """While active, select.select records the limit of each call: a wait's length is read
+    from what it asked for, never from a clock."""
+
+    def __init__(self):
+        self.real, self.asked = select.select, []
+
+    def select(self, r, w, x, timeout=None):
+        self.asked.append(timeout)
+        return self.real(r, w, x, timeout)
+
+    def __enter__(self):
+        select.select = self.select
+        return self
+
+    def __exit__(self, *exc):
+        select.select = self.real
+
+    def check(self, call: str) -> None:
+        longer = [t for t in self.asked if t is None or t > QUIET_S + 1e-9]
+        if longer:
+            raise Fail(f"{call} waited in select longer than the timeout it was given: use the "
+                       "caller's timeout, not a fixed one", expected=f"limits <= {QUIET_S} s",
+                       got=longer, input=call)
+
+
 def _expect_timeout(call, what: str, input: str) -> None:
-    try:
-        call()
-    except TimeoutError:
-        return
+    with _SelectLimits() as limits:
+        try:
+            call()
+        except TimeoutError:
+            limits.check(input)
+            return
     raise Fail(what, expected="TimeoutError", got="it returned", input=input)
 
 
@@ -249,7 +278,9 @@ def receiver_steps(impl):
                         "(one byte per message, written before recv returns)", how)
         recv(0, "slots 0 and 1 filled, doorbell b'\\x01\\x01' in one write")
         recv(1, "slots 0 and 1 filled, doorbell b'\\x01\\x01' in one write")
-        check_equal(r.recv(timeout=QUIET_S), None, "recv() with no new doorbell")
+        with _SelectLimits() as limits:
+            check_equal(r.recv(timeout=QUIET_S), None, "recv() with no new doorbell")
+        limits.check(f"recv(timeout={QUIET_S}) with no new doorbell")
         put(buf.data, 0, sb, msgs[2])
         os.write(bell_w, b"\x01")
         recv(2, "a third message, back in slot 0")
