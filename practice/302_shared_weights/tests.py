@@ -249,13 +249,19 @@ def no_torn_update(impl):
 
 class _TimeoutsElapse:
     """The trainer's end of the pipe, where every poll(t) with a limit answers at once, as
-    if t had passed: the schedule of an engine slower than any limit the trainer picked."""
+    if t had passed: the schedule of an engine slower than any limit the trainer picked.
+    `timed_out` counts the polls that answered "nothing yet"; `changed` is notified of each."""
 
     def __init__(self, conn):
-        self._conn = conn
+        self._conn, self.timed_out, self.changed = conn, 0, threading.Condition()
 
     def poll(self, timeout=0.0):
-        return self._conn.poll(None if timeout is None else 0)
+        ready = self._conn.poll(None if timeout is None else 0)
+        if timeout is not None and not ready:
+            with self.changed:
+                self.timed_out += 1
+                self.changed.notify_all()
+        return ready
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
@@ -276,15 +282,19 @@ def ack_wait_has_no_limit(impl):
         holding.set()
         release.wait(ENGINE_WAIT_S)
 
+    end = _TimeoutsElapse(a)
+
     def run(fn, *args):
         try:
             fn(*args)
         except BaseException as e:  # reported below
             errors.append(e)
         finally:
-            returned.set() if fn is impl.send_weights else None
-    threads = [threading.Thread(target=run, args=(impl.send_weights, _TimeoutsElapse(a), ws),
-                                daemon=True),
+            if fn is impl.send_weights:
+                with end.changed:
+                    returned.set()
+                    end.changed.notify_all()
+    threads = [threading.Thread(target=run, args=(impl.send_weights, end, ws), daemon=True),
                threading.Thread(target=run, args=(impl.receive_weights, b, target, hold),
                                 daemon=True)]
     for t in threads:
@@ -293,7 +303,14 @@ def ack_wait_has_no_limit(impl):
         if not holding.wait(ENGINE_WAIT_S):
             raise Fail(f"the engine's before_copy was not called within {ENGINE_WAIT_S:g} s of "
                        "the round's start")
-        early = returned.wait(scaled(1.0))
+        # The trainer returns, or polls again after a poll(t) said "nothing yet" (it waits on),
+        # or blocks in recv_bytes (no poll: it has not returned a second later).
+        went_on = lambda: returned.is_set() or end.timed_out >= 2  # noqa: E731
+        with end.changed:
+            end.changed.wait_for(went_on, scaled(1.0))
+            if end.timed_out == 1:  # a limit just ran out: wait for what the trainer does next
+                end.changed.wait_for(went_on, ENGINE_WAIT_S)
+            early = returned.is_set()
     finally:
         release.set()
         for t in threads:
