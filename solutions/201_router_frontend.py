@@ -85,7 +85,7 @@ class FrontEnd:
             identity, *frames = self.router.recv_multipart()
             if frames == [READY]:
                 seen.add(rank_of(identity))
-        self.ready = sorted(seen)
+                self.ready = sorted(seen)  # a later call counts it, even if this one times out
         return self.ready
 
     def add_request(self, request_id: str, prompt: bytes, engine: int | None = None) -> int:

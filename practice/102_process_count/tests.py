@@ -22,12 +22,14 @@ def worker_in_engine_core_at_tp1(impl):
                 "processes at tp=1, pp=2, dp=2 (launcher + 2 API + 2 cores + 4 workers + coordinator)")
 
 
-@test(input="tp=2, dp=2, pp=2, with api_server_count 1 and None")
+@test(input="tp=2, dp=2, pp=2, with api_server_count 1, None and 2")
 def api_servers_and_pipeline(impl):
     check_equal(impl.serve_process_count(tp=2, dp=2, pp=2, api_server_count=1), 1 + 2 + 8 + 1,
                 "processes with one API server")
     check_equal(impl.serve_process_count(tp=2, dp=2, pp=2), 1 + 2 + 2 + 8 + 1,
                 "processes with the default API server count (= dp, so a launcher too)")
+    check_equal(impl.serve_process_count(tp=2, dp=2, pp=2, api_server_count=2), 1 + 2 + 2 + 8 + 1,
+                "processes with api_server_count=2 given (the same as its default, dp=2)")
 
 
 @test(input="tp=2, dp=1 with api_server_count 1, 2 and 3")
@@ -41,7 +43,8 @@ def launcher_only_with_several_api_servers(impl):
 
 
 BAD_SIZES = [dict(tp=0, dp=1), dict(tp=1, dp=0), dict(tp=2, dp=1, pp=0), dict(tp=-1, dp=1),
-             dict(tp=2, dp=-2), dict(tp=1, dp=1, pp=-1)]
+             dict(tp=2, dp=-2), dict(tp=1, dp=1, pp=-1), dict(tp=-1, dp=-1), dict(tp=-2, dp=1, pp=-2),
+             dict(tp=1, dp=0, api_server_count=1), dict(tp=0, dp=1, api_server_count=2)]
 
 
 @test(input=", ".join(str(sizes) for sizes in BAD_SIZES))

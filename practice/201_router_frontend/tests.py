@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -30,19 +31,23 @@ ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled
 
 
 class JudgeEngine(threading.Thread):
-    """A correct engine: connects after `delay` s, says READY, reverses prompts, records them.
-    A `deaf` one says READY, then reads nothing until stopped (a hung engine)."""
+    """A correct engine: connects after `delay` s (None: once `go` is set), says READY, reverses
+    prompts, records them. A `deaf` one says READY, then reads nothing until stopped (hung)."""
 
     def __init__(self, ctx, rank, d, delay=0.0, readies=1, deaf=False):
         super().__init__(daemon=True)
         self.ctx, self.rank, self.d, self.delay, self.readies = ctx, rank, d, delay, readies
         self.deaf = deaf
         self.requests: list[str] = []
-        self.stop = threading.Event()
+        self.stop, self.go = threading.Event(), threading.Event()
         self.start()
 
     def run(self):
-        if self.stop.wait(self.delay):
+        if self.delay is None:
+            while not self.go.wait(0.02):
+                if self.stop.is_set():
+                    return
+        elif self.stop.wait(self.delay):
             return
         dealer, push = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.PUSH)
         dealer.setsockopt(zmq.IDENTITY, ID[self.rank])
@@ -189,7 +194,7 @@ def _judge_front(impl, rank, idle_timeout=30.0):
 
 
 @test(input="run_engine(2, ...) in a process; the judge's ROUTER and PULL; ADD r1 'hello', "
-            "ADD r2 'abc', STOP", timeout=25,
+            "ADD r2 'abc', ADD r3 '' (an empty prompt), STOP", timeout=25,
       hang="run_engine did not return after STOP: return when frames == [b'STOP'].")
 def engine_says_ready_first(impl):
     with _judge_front(impl, 2) as (router, pull, proc):
@@ -202,10 +207,12 @@ def engine_says_ready_first(impl):
                     "DEALER's IDENTITY before connect)")
         router.send_multipart([ID[2], b"ADD", b"r1", b"hello"])
         router.send_multipart([ID[2], b"ADD", b"r2", b"abc"])
+        router.send_multipart([ID[2], b"ADD", b"r3", b""])
         outputs = [pull.recv_multipart() if pull.poll(int(WAIT_S * 1000)) else "nothing"
-                   for _ in range(2)]
-        check_equal(outputs, [[ID[2], b"r1", b"olleh"], [ID[2], b"r2", b"cba"]],
-                    "the outputs on the PULL: [identity, request_id, prompt[::-1]] per ADD")
+                   for _ in range(3)]
+        check_equal(outputs, [[ID[2], b"r1", b"olleh"], [ID[2], b"r2", b"cba"], [ID[2], b"r3", b""]],
+                    "the outputs on the PULL: [identity, request_id, prompt[::-1]] per ADD, "
+                    "an empty prompt too")
         router.send_multipart([ID[2], b"STOP"])
         _finish(proc, "after STOP")
 
@@ -255,12 +262,50 @@ def outputs_leave_after_stop(impl):
         d.close()
 
 
-@test(input="FrontEnd(n_engines=3); engines 0, 1, 2 connect 0.3, 0.6, 0.9 s late; "
-            "wait_ready(10); then add_request('to-2', engine=2), 'to-0', 'to-1'; wait_ready(0.5) "
-            "again", timeout=20)
+def _missing_ranks(error):
+    """The ranks a wait_ready TimeoutError lists, e.g. 'engines [0, 1] did not ...' -> [0, 1]."""
+    found = re.search(r"\[([\d,\s]*)\]", str(error))
+    if found is None:
+        raise Fail("wait_ready's TimeoutError must list the ranks that did not send READY",
+                   expected="engines [0, 1] did not send READY within ...", got=str(error))
+    return [int(r) for r in found.group(1).replace(",", " ").split()]
+
+
+def _ready_one_by_one(fe, engines, order):
+    """Let the engines say READY in `order`, each once a short wait_ready() that timed out has
+    seen the one before (so the order is forced); return the last wait_ready()'s ranks."""
+    for i, rank in enumerate(order):
+        engines[rank].go.set()
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                got = fe.wait_ready(0.2 * S)
+            except TimeoutError as e:
+                said, missing = str(e), _missing_ranks(e)
+                if rank not in missing:
+                    break
+                if time.monotonic() > deadline:
+                    raise Fail(f"engine {rank} said READY, and wait_ready() still named it "
+                               f"missing {START_S:g} s later", got=said) from None
+                continue
+            if i < len(order) - 1:
+                raise Fail(f"wait_ready() returned {got} while engines {list(order[i + 1:])} had "
+                           "not said READY yet: a ROUTER silently drops a message for an "
+                           "identity it has not heard from, so wait for every engine", got=got)
+            return got
+        forgot = [r for r in order[:i] if r in missing]
+        if forgot:
+            raise Fail(f"wait_ready() names engines {forgot} missing, whose READY an earlier call "
+                       "(that timed out) saw: a later call counts the READYs an earlier one saw "
+                       "(an engine says READY once)", got=said)
+
+
+@test(input="FrontEnd(n_engines=3); engines say READY one at a time, 2, then 1, then 0, each "
+            "once a wait_ready(0.2) that timed out saw the one before; then "
+            "add_request('to-2', engine=2), 'to-0', 'to-1'; wait_ready(0.5) again", timeout=30)
 def waits_for_every_engine(impl):
-    with Bench(impl, 3, [0.3, 0.6, 0.9]) as b:
-        ready = b.fe.wait_ready(10)
+    with Bench(impl, 3, [None, None, None]) as b:
+        ready = _ready_one_by_one(b.fe, b.engines, (2, 1, 0))
         routed = [b.fe.add_request(f"to-{r}", b"prompt", engine=r) for r in (2, 0, 1)]
         for e in b.engines:
             e.wait_for(1)
@@ -270,7 +315,8 @@ def waits_for_every_engine(impl):
                            "has not heard from yet. wait_ready() must return only once every "
                            "engine has sent READY.", expected=[f"to-{e.rank}"], got=e.requests)
         check_equal(routed, [2, 0, 1], "add_request(..., engine=r) return values")
-        check_equal(ready, [0, 1, 2], "wait_ready()")
+        check_equal(ready, [0, 1, 2], "wait_ready() (the ranks sorted, whatever the order of "
+                    "their READYs: 2, 1, 0 here)")
         try:
             again = b.fe.wait_ready(0.5)
         except TimeoutError as e:
@@ -280,17 +326,21 @@ def waits_for_every_engine(impl):
         check_equal(again, [0, 1, 2], "a second wait_ready()")
 
 
-@test(input="3 ready engines; add_request without engine x4, then engine=2, then without x3",
-      timeout=15)
+@test(input="3 ready engines; add_request without engine x4, wait_ready() again, engine=2, "
+            "then without x3; request ids r0 ... r7, r5 as 'r5-é' (UTF-8)", timeout=15)
 def round_robin(impl):
     with Bench(impl, 3, [0, 0, 0]) as b:
         b.fe.wait_ready(10)
-        ids = [f"r{i}" for i in range(8)]
-        routed = [b.fe.add_request(rid, b"x", engine=2 if i == 4 else None)
-                  for i, rid in enumerate(ids)]
+        ids = [f"r{i}" if i != 5 else "r5-é" for i in range(8)]
+        routed = []
+        for i, rid in enumerate(ids):
+            if i == 4:
+                b.fe.wait_ready(WAIT_S)
+            routed.append(b.fe.add_request(rid, b"x", engine=2 if i == 4 else None))
         check_equal(routed, [0, 1, 2, 0, 2, 1, 2, 0],
                     "the ranks add_request returned (round robin 0, 1, 2, 0, ...; a request "
-                    "with engine=2 goes to 2 and does not move the round robin)")
+                    "with engine=2 goes to 2 and does not move the round robin; a second "
+                    "wait_ready() does not restart it)")
         for e in b.engines:
             want = [rid for rid, r in zip(ids, routed) if r == e.rank]
             e.wait_for(len(want))
@@ -323,6 +373,32 @@ def gathers_outputs(impl):
             return
         raise Fail("get_outputs(1, 0.3) with no output pending must raise TimeoutError",
                    expected="TimeoutError", got=extra)
+
+
+@test(input="FrontEnd(n_engines=300), no engine; the judge's PUSH sends outputs as engine 258 "
+            "(b'\\x02\\x01') and engine 1; get_outputs(2, ...)", timeout=15)
+def outputs_name_a_wide_rank(impl):
+    with IpcDir() as d:
+        fe = impl.FrontEnd(d.path("in"), d.path("out"), 300)
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        try:
+            push.connect(d.path("out"))
+            push.send_multipart([b"\x02\x01", b"w1", b"out1"])
+            push.send_multipart([ID[1], b"w2", b"out2"])
+            try:
+                got = fe.get_outputs(2, WAIT_S)
+            except TimeoutError as e:
+                raise Fail(f"the judge's 2 outputs did not come out of get_outputs(2, {WAIT_S:g})",
+                           got=f"TimeoutError: {e}") from None
+            check_equal(got, [("w1", 258, b"out1"), ("w2", 1, b"out2")],
+                        "get_outputs: the rank of identity b'\\x02\\x01' is 258 (both bytes, "
+                        "little endian: rank_of)")
+        finally:
+            push.close()
+            ctx.term()
+            fe.close()
 
 
 @test(input="FrontEnd(n_engines=3), only engines 0 and 1 start, each sends READY twice; "

@@ -29,7 +29,7 @@ YOUR_JOIN_S = 5.0  # the learner's subscribers start at once: plenty, and a chea
 IN_PROCESS_JOIN_S = 2.0  # SUB sockets in the judge's own process subscribe within milliseconds
 
 RECEIVE_CODE = ("import json, sys, {module} as m; "
-                "print(json.dumps([x.decode() for x in m.receive(sys.argv[1], int(sys.argv[2]), "
+                "print(json.dumps([x.decode('latin-1') for x in m.receive(sys.argv[1], int(sys.argv[2]), "
                 "float(sys.argv[3]))]))")
 S = scaled(1.0)  # the trickles stretch with the judge's time limits (polls.POLL_SLACK_S)
 TRICKLE_S, TRICKLE_IDLE_S = 0.4 * S, 1.0 * S  # a message every 0.4 s to a receive(timeout=1.0)
@@ -134,6 +134,30 @@ def close_removes_socket_file(impl):
             raise Fail(f"close() left {opened} file descriptors open: close the socket and "
                        "terminate the context (ctx.term())", expected=0, got=opened)
         pub.close()
+
+
+SIDE_BY_SIDE_CODE = ("import sys, {module} as m; a, b = m.Publisher(sys.argv[1]), "
+                     "m.Publisher(sys.argv[2]); a.close(); b.publish(b'still here'); b.close(); "
+                     "print('closed')")
+
+
+@test(input="in a process: Publisher A and Publisher B side by side; A.close(); then "
+            "B.publish(b'still here'); B.close()", timeout=30)
+def publishers_side_by_side(impl):
+    with IpcDir() as d:  # in a process of its own: a close() that hangs there is killed cleanly
+        proc = _start(SIDE_BY_SIDE_CODE.format(module=impl.__name__), d.path("a"), d.path("b"))
+        try:
+            out, err = proc.communicate(timeout=JOIN_S)
+        except subprocess.TimeoutExpired:
+            raise Fail(f"A.close() and B.close() had not returned {JOIN_S:g} s later, in a "
+                       "process with Publishers A and B side by side: A's ctx.term() waits for "
+                       "B's socket when they share a context. Each Publisher creates and "
+                       "terminates its own (zmq.Context() in __init__)") from None
+        finally:
+            kill_if_alive(proc)
+        if proc.returncode != 0 or "closed" not in out:
+            raise Fail(f"the process with Publishers A and B side by side exited with code "
+                       f"{proc.returncode}", detail=err[-2000:])
 
 
 STUCK_MESSAGES, STUCK_BYTES = 3000, 65536  # far more than a stopped reader's socket buffer takes
@@ -267,10 +291,10 @@ def waits_count_in_total(impl):
             ctx.term()
 
 
-@test(input="your receive(address, 50, 2.0) in 3 processes; your Publisher; 50 messages",
-      timeout=30)
+@test(input="your receive(address, 50, 2.0) in 3 processes; your Publisher; 50 messages, "
+            "message 7 binary (bytes 0xff 0x00 0xfe, not UTF-8)", timeout=30)
 def your_subscribers(impl):
-    messages = [f"update {i}" for i in range(50)]
+    messages = [f"update {i}" if i != 7 else "update \xff\x00\xfe" for i in range(50)]
     code = RECEIVE_CODE.format(module=impl.__name__)
     with IpcDir() as d:
         pub = impl.Publisher(d.path("pub"))
@@ -283,7 +307,7 @@ def your_subscribers(impl):
                            f"processes (TimeoutError: {e}): receive() must connect and set "
                            "zmq.SUBSCRIBE to b''") from None
             for m in messages:
-                pub.publish(m.encode())
+                pub.publish(m.encode("latin-1"))  # a message is any bytes
             results = _collect(procs, "your receive() process")
         finally:
             kill_if_alive(*procs)
@@ -315,3 +339,30 @@ def receive_waits_per_message(impl):
                        f"6 messages that came every {TRICKLE_S:.2g} s: `timeout` is how long it "
                        f"waits for the next message, counted from the last one, not a limit on "
                        f"the whole call", expected=messages, got=got)
+
+
+@test(input="your receive(address, 0, 2.0) in a process; the judge's XPUB publishes 3 messages "
+            "if its subscription comes before it returns", timeout=30)
+def receive_zero_messages(impl):
+    with IpcDir() as d:
+        ctx = zmq.Context()
+        xpub = ctx.socket(zmq.XPUB)
+        xpub.setsockopt(zmq.LINGER, 0)
+        xpub.bind(d.path("pub"))
+        proc = _start(RECEIVE_CODE.format(module=impl.__name__), d.path("pub"), 0, QUIET_S)
+        try:
+            deadline = time.monotonic() + JOIN_S
+            while proc.poll() is None and not xpub.poll(50):  # returned at once, or subscribed
+                if time.monotonic() > deadline:
+                    raise Fail(f"receive(address, 0, ...) neither returned nor subscribed "
+                               f"within {JOIN_S:g} s")
+            if proc.poll() is None:
+                for i in range(3):
+                    xpub.send(f"extra {i}".encode())
+            (got,) = _collect([proc], "your receive(address, 0) process")
+        finally:
+            kill_if_alive(proc)
+            xpub.close()
+            ctx.term()
+        check_equal(got, [], "receive(address, 0, ...): the first 0 messages (check the count "
+                    "before waiting for a message)")

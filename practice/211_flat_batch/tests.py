@@ -121,8 +121,8 @@ def empty(impl):
         check_equal(len(decoded[1]), 0, "number of tokens", str(batch))
 
 
-@test(input="decode of frames [body, bytearray of 1000 tokens], then tokens_of(decoded, 1) "
-      "of a batch of three")
+@test(input="decode of frames [body, bytearray of 1000 tokens], then of that bytearray as a "
+      "memoryview (bytes, then int32 items), then tokens_of(decoded, 1) of a batch of three")
 def zero_copy(impl):
     frames = impl.encode([("a", list(range(1000)))])
     frame1 = bytearray(frames[1])
@@ -133,6 +133,12 @@ def zero_copy(impl):
     if not np.shares_memory(tokens, np.frombuffer(frame1, np.uint8)):
         raise Fail("decode copied the token ids: wrap frame 1 with np.frombuffer instead",
                    expected="a view of frame 1", got="an array with its own memory")
+    for how, view in (("a memoryview", memoryview(frame1)),
+                      ("a memoryview of int32 items", memoryview(np.frombuffer(frame1, "<i4")))):
+        if not np.shares_memory(impl.decode([frames[0], view])[1], np.frombuffer(frame1, np.uint8)):
+            raise Fail(f"decode copied the token ids of a frame 1 given as {how} (as zmq's "
+                       "recv(copy=False) gives it): np.frombuffer takes any buffer without a copy",
+                       expected="a view of frame 1", got="an array with its own memory")
     frames = ref_frames([("a", [1]), ("b", [2, 3, 4]), ("c", [5])])
     frame1 = bytearray(frames[1])
     decoded = impl.decode([frames[0], frame1])
@@ -144,14 +150,19 @@ def zero_copy(impl):
 
 
 @test(input="frame 1 with one token more, then one token fewer, than offsets[-1]; then offsets "
-      "one short of len(request_ids) + 1 (every size a multiple of 4)")
+      "one short of len(request_ids) + 1, one too many, and none at all for no request ids "
+      "(every size a multiple of 4)")
 def decode_checks_sizes(impl):
     batch = [("a", [1, 2]), ("b", [3])]
     body, data = ref_frames(batch)
     short_offsets = msgspec.msgpack.encode([["a", "b"], [0, 3]])
     cases = [("frame 1 with 4 tokens for offsets[-1] == 3", [body, data + bytes(4)]),
              ("frame 1 with 2 tokens for offsets[-1] == 3", [body, data[:-4]]),
-             ("offsets [0, 3] for request ids ['a', 'b']", [short_offsets, data])]
+             ("offsets [0, 3] for request ids ['a', 'b']", [short_offsets, data]),
+             ("offsets [0, 2, 3, 3] for request ids ['a', 'b']",
+              [msgspec.msgpack.encode([["a", "b"], [0, 2, 3, 3]]), data]),
+             ("offsets [] for request ids [] (and an empty frame 1)",
+              [msgspec.msgpack.encode([[], []]), b""])]
     for what, frames in cases:
         try:
             impl.decode(frames)

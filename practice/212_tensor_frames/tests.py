@@ -122,7 +122,8 @@ def _samples() -> list[tuple[str, np.ndarray]]:
     return out
 
 
-@test(input="dtypes u1..c16, bool, >i4; shapes 0-d, empty, 1-3 dims; inside a dict and a list")
+@test(input="dtypes u1..c16, bool, >i4; shapes 0-d, empty, 1-3 dims; inside a dict and a list; "
+      "then [an 8,000-byte array, object()] (raises), then the array alone")
 def roundtrip_many(impl):
     samples = _samples()
     enc, dec = impl.TensorEncoder(), impl.TensorDecoder()
@@ -142,6 +143,15 @@ def roundtrip_many(impl):
     check_equal((got["step"], got["name"]), (7, "batch"), "the non-array fields", "a dict")
     for i, (name, arr) in enumerate(samples[:12]):
         _same(got["ids"][i], arr, f"ids[{i}]", f"{{'ids': [...], 'step': 7}} holding {name}")
+    big = np.zeros(1000, "<f8")
+    try:
+        enc.encode([big, object()])  # the array's frame is taken before object() raises
+    except TypeError:
+        pass
+    frames = enc.encode(big)
+    check_equal(len(frames), 2, "frames of the array alone, encoded after an encode that raised "
+                "(that encode's out-of-band frames must not stay for the next message)")
+    check_equal(msgspec.msgpack.decode(_ext_of(frames[0]).data)[2], 1, "its frame index")
 
 
 @test(input="a transpose, a slice with a step, a reversed view, a Fortran-order array")
@@ -158,7 +168,8 @@ def non_contiguous(impl):
 
 
 @test(input="decode([body, bytearray(frame 1)]) of a 40,000-byte float32 array, nested; then "
-      "the same with frame 1 a memoryview, the result dropped: is the frame still held?")
+      "the same with frame 1 a memoryview, the result dropped: is the frame still held? And "
+      "after a decode that raised (a frame index 5 of 2)?")
 def zero_copy_decode(impl):
     arr = np.linspace(0, 1, 10_000, dtype="<f4")
     frames = impl.TensorEncoder().encode({"x": [arr]})
@@ -177,6 +188,19 @@ def zero_copy_decode(impl):
         raise Fail("after decode returned and its result was dropped, the decoder still held "
                    "frame 1: a long-lived decoder must forget the frames of a message once "
                    "decode returns (they may be large, or a buffer the sender wants back)")
+    view = memoryview(bytearray(800))
+    held = weakref.ref(view)
+    bad = msgspec.msgpack.encode(msgspec.msgpack.Ext(2, msgspec.msgpack.encode(["<i8", [100], 5])))
+    try:
+        dec.decode([bad, view])
+    except Exception:
+        pass
+    del view
+    gc.collect()
+    if held() is not None:
+        raise Fail("after decode raised on a bad message (frame index 5 of 2), the decoder still "
+                   "held its frame 1: forget the frames whether decode returns or raises "
+                   "(try/finally)")
 
 
 @test(input="the judge's message [A, B] whose headers point at frames 2 and 1, then a frame "

@@ -250,21 +250,26 @@ def row_parallel(impl):
 
 
 def _mlp_job(impl, rank, ws, t):
-    return impl.parallel_mlp(t["x"], t["w"], t["b"], t["w2"], t["b2"], rank, ws).tolist()
+    return [_labelled(f"parallel_mlp({what})", impl.parallel_mlp, t["x"], t["w"], b, t["w2"], b2,
+                      rank, ws).tolist()
+            for what, b, b2 in (("with biases", t["b"], t["b2"]), ("biases None", None, None))]
 
 
-@test(input="parallel_mlp on 2 and on 3 ranks: relu(x W1^T + b1) W2^T + b2", timeout=60)
+@test(input="parallel_mlp on 2 and on 3 ranks: relu(x W1^T + b1) W2^T + b2, then with both "
+            "biases None", timeout=60)
 def mlp_one_all_reduce(impl):
     t = tensors()
-    full = F.linear(F.relu(F.linear(t["x"], t["w"], t["b"])), t["w2"], t["b2"])
     for ws in (2, 3):
         for rank, (out, counts) in enumerate(run_ranks(impl, ws, _mlp_job)):
-            _close(out, full, f"rank {rank} of {ws}: parallel_mlp")
+            for got, b, b2, what in ((out[0], t["b"], t["b2"], ""), (out[1], None, None,
+                                                                     ", biases None")):
+                full = F.linear(F.relu(F.linear(t["x"], t["w"], b)), t["w2"], b2)
+                _close(got, full, f"rank {rank} of {ws}: parallel_mlp{what}")
             used = counts
-            if used != {"all_reduce": 1}:
-                raise Fail(f"rank {rank} of {ws}: the collectives parallel_mlp made. The column "
-                           "layer's output slice is the row layer's input slice, so the MLP "
-                           "needs one all-reduce and nothing else (the judge counts the "
+            if used != {"all_reduce": 2}:
+                raise Fail(f"rank {rank} of {ws}: the collectives of two parallel_mlp calls. The "
+                           "column layer's output slice is the row layer's input slice, so an "
+                           "MLP needs one all-reduce and nothing else (the judge counts the "
                            "collectives by what they do, whatever name or alias the code calls "
                            "them by)",
-                           expected={"all_reduce": 1}, got=used)
+                           expected={"all_reduce": 2}, got=used)

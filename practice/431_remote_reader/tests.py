@@ -263,7 +263,8 @@ def _subscriber(ctx, address):
 
 
 @test(input="your wait_for_readers on the judge's XPUB: (a) 2 of 3 SUBs subscribed, the "
-            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2", timeout=20)
+            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2; (c) n=0, no SUB",
+      timeout=20)
 def writer_waits_for_every_reader(impl):
     w, ctx = Writer(), zmq.Context()
     subs = [_subscriber(ctx, w.address) for _ in range(2)]
@@ -283,6 +284,7 @@ def writer_waits_for_every_reader(impl):
                 raise Fail(f"reader {i} got no READY after all 3 had subscribed: once n "
                            "readers have subscribed, send READY, which they wait for", got=got)
         _reader_leaves(impl, ctx)
+        _no_readers(impl)
     finally:
         for s in subs:
             s.close()
@@ -308,6 +310,18 @@ def _reader_leaves(impl, ctx) -> None:
                    "count only subscriptions (first byte 1); b'\\x00' is a reader leaving")
     finally:
         sub.close()
+        w.close()
+
+
+def _no_readers(impl) -> None:
+    w = Writer()
+    try:
+        impl.wait_for_readers(w.sock, 0, LEAVE_T)
+    except TimeoutError as e:
+        raise Fail("wait_for_readers(xpub, 0, ...) raised TimeoutError: with no remote reader "
+                   "to wait for, it sends READY at once (check the count before waiting)",
+                   got=str(e)) from None
+    finally:
         w.close()
 
 

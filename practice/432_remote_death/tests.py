@@ -258,6 +258,11 @@ def dead_vs_paused_peer(impl):
                        "returns b'' or raises ConnectionResetError), also when a beat came "
                        "just before the end. A stopped peer's connection stays open: it is not "
                        "dead before its deadline", expected=want, got=got)
+        for n in want:
+            if pairs[n][0].fileno() != -1:
+                raise Fail(f"{n} was reported CLOSED, and the watch's end of its connection is "
+                           "still open: close the socket of every peer you report, a dead one's "
+                           "too (its file descriptor stays until you do)")
         pairs["Q"][1].close()
         _arrived(pairs["Q"][0], "end of Q's connection")
         clock.now = t0 + 2 + D + 1
@@ -265,6 +270,22 @@ def dead_vs_paused_peer(impl):
                     {"P0": impl.SILENT, "Q": impl.CLOSED}, "check() 11 s after the stopped "
                     "peer's last beat (Q's connection ended: CLOSED, though past its deadline "
                     "too)")
+
+
+@test(input=f"two PeerWatch side by side, one over A, one over B, each with its own clock, "
+            f"deadline {D:g}: A's clock at t=11 and B's at t=5, then B's at t=11")
+def watches_side_by_side(impl):
+    with _watching(impl, "A") as (clock_a, _, watch_a), \
+            _watching(impl, "B") as (clock_b, _, watch_b):
+        t0 = clock_a.now
+        clock_a.now, clock_b.now = t0 + D + 1, t0 + 5
+        check_equal(_check(watch_a, where="A's watch at t=11"), {"A": impl.SILENT},
+                    "check() of the watch over A at t=11 (B belongs to the other watch)")
+        check_equal(_check(watch_b, where="B's watch at t=5"), {},
+                    "check() of the watch over B at t=5 of its own clock")
+        clock_b.now = t0 + D + 1
+        check_equal(_check(watch_b, where="B's watch at t=11"), {"B": impl.SILENT},
+                    "check() of the watch over B at t=11 of its own clock")
 
 
 @test(input="PeerWatch over 3 peers; a beat; check(); close(); close()")
