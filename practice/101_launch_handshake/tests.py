@@ -29,6 +29,8 @@ GRACEFUL = ("import os, signal, sys, time\n"
 RAISES_AND_HANGS = ("import threading, time; "
                     "threading.Thread(target=time.sleep, args=(600,)).start(); "
                     "raise ValueError('bad config: tensor_parallel_size=3')")
+# A target that returns only once the judge writes `path`: it cannot be ready before then.
+GATED = "import os, time\nwhile not os.path.exists({path!r}): time.sleep(0.01)"
 STOP_TIMEOUT_S = 0.5  # stop_worker's join limit in the tests: short, the child ignores SIGTERM
 
 
@@ -284,3 +286,30 @@ def stop_worker_escalates(impl):
                    f"cleaning up after SIGTERM (it needs 0.5 s): terminate() first, give it "
                    f"`timeout` seconds to exit, kill only then (it returned after {took:.1f} s; "
                    f"the worker's exit code: {graceful.exitcode})")
+
+
+@test(input="start_worker(a child that becomes ready only once the judge lets it, timeout=0)",
+      timeout=40)
+def timeout_zero(impl):
+    gate, got = os.path.join(tempfile.mkdtemp(), "go"), []
+
+    def start():
+        try:
+            got.append(impl.start_worker(exec, (GATED.format(path=gate), {}), timeout=0))
+        except Exception as e:  # noqa: BLE001 - the test looks at what it is
+            got.append(e)
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(scaled(10))
+    waited = thread.is_alive()
+    open(gate, "w").close()  # the child may go on now, whatever start_worker did
+    thread.join(scaled(20))
+    if got and isinstance(got[0], tuple):
+        impl.stop_worker(got[0][0])
+    if waited:
+        raise Fail("start_worker(timeout=0) was still waiting after 10 s: timeout=0 is a "
+                   "deadline already passed (TimeoutError at once), not 'no timeout'")
+    if not got or not isinstance(got[0], TimeoutError):
+        raise Fail("start_worker(timeout=0) of a child that cannot be ready yet must raise "
+                   "TimeoutError", got=got[0] if got else "nothing")
+    _no_children("after start_worker(timeout=0)")

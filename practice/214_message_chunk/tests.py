@@ -31,7 +31,7 @@ def layout(impl):
 
 
 @test(input="chunks of 64 bytes; messages of exactly 64 and of 65 packed bytes; a message of 0 "
-      "frames in a 3-byte chunk")
+      "frames in a 3-byte chunk (and fits() of it for 2 bytes)")
 def exact_fit(impl):
     check_equal(impl.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
     exact = [bytes(64 - 3 - 4)]  # one frame: header 3 + length 4 + 57 bytes = 64
@@ -49,6 +49,7 @@ def exact_fit(impl):
                    "bytes 1..63 of a chunk that held 0xee", expected=b"\xee" * 8,
                    got=bytes(chunk[1:9]), input="one 58-byte frame into a 64-byte chunk")
     check_equal(impl.unpack(chunk), None, "unpack of an overflow marker")
+    check_equal(impl.fits([], 2), False, "fits(no frames, 2): the 3-byte header alone does not fit")
     chunk = bytearray(3)  # an empty message: the header alone fills a 3-byte chunk
     check_equal(impl.pack_into(chunk, []), True, "pack_into of no frames into a 3-byte chunk")
     check_equal(bytes(chunk), b"\x00\x00\x00", "the packed bytes of no frames")
@@ -108,6 +109,8 @@ TORN = [(_header([0x8000_0005]), "1 frame of length 0x80000005. " + UNSIGNED),
         (_header([5, 0xFFFF_FFFF]), "2 frames of lengths 5 and 0xffffffff. " + UNSIGNED),
         (_header([58]), "1 frame of 58 bytes: 3 + 4 + 58 = 65, one byte past the end (count "
                         "the header and the lengths too)"),
+        (_header([30, 30]), "2 frames of 30 bytes: each alone fits, together 3 + 8 + 60 = 71 "
+                            "bytes reach past the end (check the running offset, every frame)"),
         (b"\x00\xff\xff", "a count of 65,535 frames: their lengths alone (4 bytes each) reach "
                            "past the end (check that before struct.unpack_from, which raises "
                            "struct.error)")]
@@ -115,7 +118,7 @@ TORN = [(_header([0x8000_0005]), "1 frame of length 0x80000005. " + UNSIGNED),
 
 @test(input="64-byte chunks with crafted headers: 1 frame of length 0x80000005; 2 frames of "
             "lengths 5 and 0xFFFFFFFF; 1 frame of 58 (one byte past the end); a count of 65,535 "
-            "(the lengths alone reach past it); and, for comparison, 1 frame of 57 (it fits)")
+            "(the lengths alone reach past it); 2 frames of 30 (together past the end); and, for comparison, 1 frame of 57 (it fits)")
 def lengths_are_unsigned(impl):
     ok = _packed([bytes(range(57))])  # 3 + 4 + 57 = 64 bytes: fills the chunk exactly
     check_equal(impl.unpack(bytearray(ok)), [bytes(range(57))], "unpack of a full 64-byte chunk")
@@ -164,8 +167,13 @@ def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, status, report):
     ring, problem = ShmRingBuffer(1, chunk_bytes, n_chunks, name=name), None
     for i, want in enumerate(_messages(count, chunk_bytes)):
         idx, deadline = i % n_chunks, time.monotonic() + RING_WAIT_S
-        while not ring.readable(idx, 0) and time.monotonic() < deadline:
+        while not ring.readable(idx, 0):
+            if time.monotonic() > deadline:
+                problem = f"the reader waited {RING_WAIT_S:.0f} s for message {i} in chunk {idx}"
+                break
             time.sleep(0.0001)
+        if problem:
+            break
         view = ring.chunk(idx)
         try:
             frames = impl.unpack(view)
@@ -173,7 +181,10 @@ def _reader(impl, name, n_chunks, chunk_bytes, count, pipe, status, report):
             view.release()
         ring.end_read(idx, 0)
         marker = frames is None
-        packed = status.recv() if status.poll(RING_WAIT_S) else None  # what pack_into returned
+        if not status.poll(RING_WAIT_S):  # the judge's writer sends it after every end_write
+            problem = f"no pack_into result from the writer for message {i}"
+            break
+        packed = status.recv()  # what pack_into returned
         if marker and packed:
             problem = (i, [], [len(f) for f in want], marker)
             break

@@ -250,6 +250,31 @@ def same_id_finished_and_new(impl):
                   "after the step (apply finished_req_ids first, then the new requests)")
 
 
+@test(input="step 2's output encoded again after step 3's make_output; then a second "
+            "DeltaEncoder and a second WorkerState next to the first ones")
+def outputs_stand_alone(impl):
+    enc, worker, p = impl.DeltaEncoder(), impl.WorkerState(), [1, 2, 3]
+    _step(impl, enc, worker, [_req(impl, "r0", p, [], [0], 0, 3)])
+    out2 = enc.make_output([_req(impl, "r0", p, [7], [0, 1], 3, 1),
+                            _req(impl, "r1", [5], [], [2], 0, 1)], [])
+    wire2 = impl.encode(out2)
+    enc.make_output([_req(impl, "r1", [5], [6], [3], 0, 1, resumed=True)], ["r0"])
+    if impl.encode(out2) != wire2:
+        raise Fail("step 2's output changed when make_output built step 3's: each output must "
+                   "own its lists, sets and dicts (an executor may encode it after the next "
+                   "step is scheduled); do not reuse one between calls",
+                   expected=msgspec.msgpack.decode(wire2),
+                   got=msgspec.msgpack.decode(impl.encode(out2)))
+    worker.update(impl.decode(wire2))
+    other, other_worker = impl.DeltaEncoder(), impl.WorkerState()
+    check_equal((other.num_tracked(), _rows(other_worker)), (0, {}),
+                "(num_tracked(), requests) of a second, new encoder and worker: two engines in "
+                "one process share nothing (keep the state on the instance, not the class)")
+    out = other.make_output([_req(impl, "r0", p, [7], [0, 1], 4, 1)], [])
+    check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
+                "a second encoder's scheduled_new_reqs: its workers have never seen r0")
+
+
 # --- the judge's scheduler ---------------------------------------------------------------------
 class _SimReq:
     def __init__(self, rid, prompt, max_tokens):

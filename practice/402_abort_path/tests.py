@@ -257,7 +257,8 @@ def admits_in_order(impl):
 
 
 @test(input="3 blocks; r0 takes all 3; r1 waits for blocks; during r0's step 2: ABORT "
-            "['r1', 'ghost'] and ABORT ['r1']; after r0 finished: ABORT ['r0']")
+            "['r1', 'ghost'] and ABORT ['r1']; after r0 finished: ABORT ['r0'], then ADD r0 "
+            "again (prompt 1, max 2)")
 def abort_waiting_is_idempotent(impl):
     model = GatedModel(lambda n, batch: n == 2)
     with Harness(impl, model, 3) as h:
@@ -278,6 +279,11 @@ def abort_waiting_is_idempotent(impl):
         check_equal(ran, [], "model calls with r1 (aborted before it got blocks)")
         _expect_tokens(h, "r0", 4, 8)
         check_equal(h.engine.block_pool.num_free, 3, "block_pool.num_free at the end")
+        h.add("r0", 1, 2)  # the id comes back; the late ABORT ['r0'] must not touch it
+        h.collect(lambda: h.finished.count("r0") == 2, "the new r0 to finish")
+        check_equal(h.tokens["r0"][8:], [1, 2], "the tokens of a new r0 added after the late "
+                    "ABORT ['r0'] (the idle loop empties aborts_queue: that abort was applied "
+                    "from input_queue already)")
 
 
 @test(input="r0 finished; the front end closes its PULL; ADD r1 (3 tokens), whose outputs "
@@ -290,8 +296,12 @@ def shutdown_with_front_end_gone(impl):
         time.sleep(scaled(QUIET_S))  # let the engine's PUSH see its peer go
         h.add("r1", 1, 3)
         deadline = time.monotonic() + WAIT_S
-        while (sum("r1" in c for c in h.model.calls) < 3 or h.engine.output_queue.qsize()) \
-                and time.monotonic() < deadline:
+        while sum("r1" in c for c in h.model.calls) < 3 or h.engine.output_queue.qsize():
+            if time.monotonic() > deadline:
+                raise Fail(f"within {WAIT_S:g} s r1 did not run its 3 steps and output_queue "
+                           "did not empty (the output thread sends each output, even with no "
+                           "reader)", got={"model calls": h.model.calls,
+                                           "output_queue": h.engine.output_queue.qsize()})
             time.sleep(0.005)
         h.router.send_multipart([h.id, b"SHUTDOWN"])
         h.loop.join(WAIT_S)
@@ -313,18 +323,60 @@ def shutdown_joins_threads(impl):
         h.collect(lambda: "r0" in h.finished, "r0 to finish")
     finally:
         h.close()
+    _check_nothing_left(before_threads, before_fds, "run_busy_loop returned")
+
+
+def _check_nothing_left(before_threads, before_fds, when):
     deadline = time.monotonic() + WAIT_S
     while set(threading.enumerate()) - before_threads and time.monotonic() < deadline:
         time.sleep(0.01)
     left = [t.name for t in set(threading.enumerate()) - before_threads]
     if left:
-        raise Fail("threads still running after run_busy_loop returned: stop the IO threads "
-                   "(a flag the input thread polls; a sentinel on output_queue) and join them",
-                   got=left)
+        raise Fail(f"threads still running after {when}: stop the IO threads (a flag the "
+                   "input thread polls; a sentinel on output_queue) and join them", got=left)
     fds = procfs.fd_count() - before_fds
     if fds > 0:
-        raise Fail(f"{fds} file descriptors left open after shutdown: each thread closes its "
+        raise Fail(f"{fds} file descriptors left open after {when}: each thread closes its "
                    "socket, then ctx.term()", expected=0, got=fds)
+
+
+class FailingModel(GatedModel):
+    def __call__(self, batch):
+        super().__call__(batch)
+        raise RuntimeError("the judge's model failed (as a CUDA error would)")
+
+
+@test(input="ADD r0; the model raises RuntimeError in its first call", timeout=30)
+def model_error_shuts_down(impl):
+    before_threads = set(threading.enumerate())
+    before_fds = procfs.fd_count()
+    h = Harness(impl, FailingModel(), 4)
+    try:
+        h.add("r0", 1, 2)
+        h.loop.join(WAIT_S)
+        if not h.model.calls:
+            raise Fail(f"the busy loop did not call the model within {WAIT_S:g} s of ADD r0")
+    finally:
+        h.close()  # SHUTDOWN, in case run_busy_loop went on after the error
+    _check_nothing_left(before_threads, before_fds, "run_busy_loop ended with the model's "
+                        "error (call shutdown() in a finally)")
+
+
+@test(input="two engines side by side, each with its own front end: SHUTDOWN to the first, "
+            "then ADD r0 (prompt 1, max 2) to the second", timeout=30)
+def two_engines(impl):
+    with Harness(impl, GatedModel(), 4) as b, Harness(impl, GatedModel(), 4) as a:
+        a.router.send_multipart([a.id, b"SHUTDOWN"])
+        a.loop.join(WAIT_S)
+        if a.loop.is_alive():
+            a.stuck = b.stuck = True
+            raise Fail(f"the first engine's run_busy_loop did not return within {WAIT_S:g} s of "
+                       "[b'SHUTDOWN'] while a second engine was running: its ctx.term() waits "
+                       "for the other engine's sockets. Each EngineCore makes its own "
+                       "zmq.Context(), never the process-wide Context.instance()")
+        b.add("r0", 1, 2)
+        b.collect(lambda: "r0" in b.finished, "r0 to finish on the second engine")
+        _expect_tokens(b, "r0", 1, 2)
 
 
 @test(input="no busy loop: the test calls add_request(r0: prompt 2, max 3), step(), "

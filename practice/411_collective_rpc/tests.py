@@ -156,8 +156,8 @@ def error_names_the_worker(impl):
                     "answer this one; only a call id tells them apart)")
 
 
-@test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then get_rank; sleep "
-            "[0.4, 0.4, 0.4] with timeout=5", timeout=40)
+@test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then sleep [0.4, 0.4, 0.4] "
+            "with timeout=5; get_rank", timeout=40)
 def one_deadline(impl):
     with Running(impl, 3) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)  # the workers are up
@@ -169,11 +169,12 @@ def one_deadline(impl):
             raise Fail(f"{what}: the TimeoutError must name the worker that did not answer",
                        expected="... worker 2 ...", got=message)
         time.sleep(1.0)  # worker 2's late reply has arrived by now
-        check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
-                    "collective_rpc('get_rank') after the timed-out call (worker 2's late "
-                    "'slept 3.0' must not be taken as this call's answer)")
         check_equal(e.collective_rpc("sleep", ([0.4, 0.4, 0.4],), timeout=5), ["slept 0.4"] * 3,
-                    "sleep [0.4, 0.4, 0.4] with timeout=5")
+                    "sleep [0.4, 0.4, 0.4] with timeout=5 right after the timed-out call "
+                    "(worker 2's late 'slept 3.0' is a reply to the same method: only a call "
+                    "id, fresh for every call, tells it from this call's answer)")
+        check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
+                    "collective_rpc('get_rank') after those calls")
         _raises(lambda: e.collective_rpc("sleep", ([1.0, 1.0, 1.0],), timeout=0), TimeoutError,
                 ["worker 0"], "sleep [1.0, 1.0, 1.0] with timeout=0 (a deadline that has passed "
                 "already, not 'no timeout')")
@@ -218,18 +219,19 @@ def death_fails_a_call_before_its_deadline(impl):
                        expected="RuntimeError: ... worker 1 ... -9 ...", got=got)
 
 
-@test(input="Executor(2): die(rank=1, exit code 3) with output_rank=0 (rank 0 answers at once); "
+@test(input="Executor(2): die(rank=1, exit code 0) with output_rank=0 (rank 0 answers at once); "
             "then get_rank", timeout=30)
 def output_rank_runs_on_every_worker(impl):
     with Running(impl, 2) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)
         try:  # rank 0's answer or worker 1's death may come first: either is right here
-            e.collective_rpc("die", (1, 3, 0.0), timeout=WAIT_S, output_rank=0)
+            e.collective_rpc("die", (1, 0, 0.0), timeout=WAIT_S, output_rank=0)
         except RuntimeError:
             pass
         _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError,
-                ["worker 1"], "collective_rpc('get_rank') after die(rank=1) with output_rank=0 "
-                "(the request still goes to every worker: rank 1 ran die and exited)")
+                ["worker 1", "exit code 0"], "collective_rpc('get_rank') after die(rank=1, exit "
+                "code 0) with output_rank=0 (the request still goes to every worker: rank 1 ran "
+                "die and exited; an exit before shutdown() is a death, with code 0 too)")
 
 
 @test(input="Executor(3): get_rank; stall on rank 2 (it ignores SIGTERM, sleeps 3600 s) with "
