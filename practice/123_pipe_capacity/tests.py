@@ -478,16 +478,25 @@ def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
     return outcome[0], time.monotonic() - started
 
 
+def _finish_after(impl, sig, timeout: float):
+    """Writer(64 MiB, 64 KiB), sent `sig` (None: nothing), then finish(timeout) in a thread:
+    (what it returned or raised, seconds, whether the writer was reaped by then)."""
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    if sig is not None:
+        os.kill(writer.pid, sig)
+    try:
+        got, took = _finish_in_thread(writer, timeout)
+        reaped = procfs.reaped(writer.pid)
+    finally:
+        procfs.kill_and_reap(writer.pid)
+    return got, took, reaped
+
+
 @test(input="Writer(64 MiB, 64 KiB) then finish() at once (the writer gets EPIPE and exits 1); "
             "one killed by SIGKILL, then finish(); "
             "Writer(64 MiB, 64 KiB) stopped (SIGSTOP), then finish(timeout=0.5)", timeout=40)
 def finish_reports_errors(impl):
-    writer = impl.Writer(64 * MIB, 64 * KIB)
-    try:
-        got, _ = _finish_in_thread(writer, WAIT_S)
-        reaped = procfs.reaped(writer.pid)
-    finally:
-        procfs.kill_and_reap(writer.pid)
+    got, _, reaped = _finish_after(impl, None, WAIT_S)
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer that exited with code 1 (its reader closed the pipe "
                    "first: EPIPE) must raise RuntimeError; the count of a failed transfer "
@@ -495,23 +504,12 @@ def finish_reports_errors(impl):
     if not reaped:
         raise Fail("finish() raised RuntimeError but left the writer unreaped: wait4 first, "
                    "then look at its exit status")
-    writer = impl.Writer(64 * MIB, 64 * KIB)
-    os.kill(writer.pid, signal.SIGKILL)  # killed by a signal: no exit code, not a success
-    try:
-        got, _ = _finish_in_thread(writer, WAIT_S)
-    finally:
-        procfs.kill_and_reap(writer.pid)
+    got, _, _ = _finish_after(impl, signal.SIGKILL, WAIT_S)  # a signal: no exit code, no success
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer killed by SIGKILL must raise RuntimeError: its wait "
                    "status holds a signal, not an exit code of 0 (os.waitstatus_to_exitcode "
                    "gives -9)", expected="RuntimeError: ...", got=got)
-    writer = impl.Writer(64 * MIB, 64 * KIB)
-    os.kill(writer.pid, signal.SIGSTOP)  # alive, and never exits by itself
-    try:
-        got, took = _finish_in_thread(writer, 0.5)
-        reaped = procfs.reaped(writer.pid)
-    finally:
-        procfs.kill_and_reap(writer.pid)
+    got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5)  # alive, never exits by itself
     if got == "hung":
         raise Fail(f"finish(timeout=0.5) of a stopped writer had not returned {took:.1f} s "
                    "later, when the judge killed the writer: wait with a deadline (wait4 with "
