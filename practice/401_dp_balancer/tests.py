@@ -23,6 +23,7 @@ from minivllm.utils.zmq import IpcDir
 WAIT_S = scaled(2.0)  # a message between threads on one host not delivered in this long was dropped
 QUIET_S = 0.3  # how long a test listens where nothing should arrive
 TAKE_ROUNDS = 3  # rounds to see one poll take two outputs that are both there
+TRICKLE_ROUNDS = 3  # rounds to see READYs trickle in during one wait_ready
 
 
 def ident(rank: int) -> bytes:
@@ -108,17 +109,22 @@ class Bench(EngineBench):
 
 @test(input="3 engines, identities b'\\x00\\x00', b'\\x01\\x00', b'\\x02\\x00', connecting 0.2, "
             "0.4, 0.6 s late; then 4 engines of which 0, 2, 3 say READY 0.3, 0.6, 0.9 s late and "
-            "wait_ready(1); then shutdown() with engine 1 never connected", timeout=20)
+            "wait_ready(1) (times stretched on a busy machine); then shutdown() with engine 1 "
+            "never connected", timeout=20)
 def ready_and_timeout(impl):
     check_equal(impl.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
                                                       "endian, as vllm/v1/engine/core.py:1191)")
     _check_identity_bounds(impl)
     with Bench(impl, 3, [0.2, 0.4, 0.6]):
         pass
-    never = 3600.0  # engine 1's delay: it never connects (the bench stops it)
-    with Bench(impl, 4, [0.3, never, 0.6, 0.9], ready=False) as b:
-        _check_total_timeout(b, timeout=1.0)
-        _check_shutdown_skips_a_missing_engine(b)
+    never, s = 3600.0, scaled(1.0)  # engine 1 never connects (the bench stops it)
+    for _ in range(TRICKLE_ROUNDS):
+        with Bench(impl, 4, [0.3 * s, never, 0.6 * s, 0.9 * s], ready=False) as b:
+            if _check_total_timeout(b, timeout=s):
+                _check_shutdown_skips_a_missing_engine(b)
+                return
+    raise Fail(f"in {TRICKLE_ROUNDS} rounds the judge called wait_ready too late to see the "
+               "READYs trickle in (the machine is too busy to tell): run the judge again")
 
 
 def _check_identity_bounds(impl):
@@ -137,7 +143,8 @@ def _check_identity_bounds(impl):
                    "identity that is not 2 bytes)", got=got)
 
 
-def _check_total_timeout(b, timeout):
+def _check_total_timeout(b, timeout) -> bool:
+    """Whether the round told: False when the READYs had mostly come before the call."""
     start = time.monotonic()
     try:
         got = b.client.wait_ready(timeout)
@@ -150,11 +157,14 @@ def _check_total_timeout(b, timeout):
         raise Fail(f"wait_ready({timeout:g}) must raise TimeoutError when engine 1 never says "
                    "READY", got=got)
     last = max(b.engines[r].ready_at for r in (0, 2, 3))
+    if last - start < timeout / 2:  # the judge stalled: the trickle was over before the call
+        return False
     if end >= last + timeout:  # a correct wait ended at start + timeout, long before
         raise Fail(f"wait_ready({timeout:g}) raised {end - start:.2f} s after it was called, "
                    f"{timeout:g} s after the last READY (sent {last - start:.2f} s in): the "
                    "timeout restarts on every message; it must be one deadline for the whole "
                    "call (READYs came in a trickle)")
+    return True
 
 
 def _check_shutdown_skips_a_missing_engine(b):
