@@ -7,6 +7,7 @@ inside execute until the test lets it go, so an abort lands mid-step every time,
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -315,18 +316,20 @@ def shutdown_with_front_end_gone(impl):
 
 @test(input="an engine with one finished request; [b'SHUTDOWN']")
 def shutdown_joins_threads(impl):
-    before_threads = set(threading.enumerate())
-    before_fds = procfs.fd_count()
-    h = Harness(impl, GatedModel(), 4)
-    try:
-        h.add("r0", 1, 2)
-        h.collect(lambda: "r0" in h.finished, "r0 to finish")
-    finally:
-        h.close()
-    _check_nothing_left(before_threads, before_fds, "run_busy_loop returned")
+    with _nothing_left_after("run_busy_loop returned"):
+        h = Harness(impl, GatedModel(), 4)
+        try:
+            h.add("r0", 1, 2)
+            h.collect(lambda: "r0" in h.finished, "r0 to finish")
+        finally:
+            h.close()
 
 
-def _check_nothing_left(before_threads, before_fds, when):
+@contextlib.contextmanager
+def _nothing_left_after(when):
+    """Fail if the block leaves a thread running or a descriptor open (once it ends normally)."""
+    before_threads, before_fds = set(threading.enumerate()), procfs.fd_count()
+    yield
     deadline = time.monotonic() + WAIT_S
     while set(threading.enumerate()) - before_threads and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -348,18 +351,16 @@ class FailingModel(GatedModel):
 
 @test(input="ADD r0; the model raises RuntimeError in its first call", timeout=30)
 def model_error_shuts_down(impl):
-    before_threads = set(threading.enumerate())
-    before_fds = procfs.fd_count()
-    h = Harness(impl, FailingModel(), 4)
-    try:
-        h.add("r0", 1, 2)
-        h.loop.join(WAIT_S)
-        if not h.model.calls:
-            raise Fail(f"the busy loop did not call the model within {WAIT_S:g} s of ADD r0")
-    finally:
-        h.close()  # SHUTDOWN, in case run_busy_loop went on after the error
-    _check_nothing_left(before_threads, before_fds, "run_busy_loop ended with the model's "
-                        "error (call shutdown() in a finally)")
+    with _nothing_left_after("run_busy_loop ended with the model's error (call shutdown() in "
+                             "a finally)"):
+        h = Harness(impl, FailingModel(), 4)
+        try:
+            h.add("r0", 1, 2)
+            h.loop.join(WAIT_S)
+            if not h.model.calls:
+                raise Fail(f"the busy loop did not call the model within {WAIT_S:g} s of ADD r0")
+        finally:
+            h.close()  # SHUTDOWN, in case run_busy_loop went on after the error
 
 
 @test(input="two engines side by side, each with its own front end: SHUTDOWN to the first, "
