@@ -12,9 +12,14 @@
    _serial_transfer.py describes each row. Medians, with the spread of each case's deliveries
    and the receiver's page faults per delivery.
 
-The two headline ratios are taken within each of 5 rounds (both sides seconds apart, the cases
-in turn) and reported as the median of the rounds' ratios with its spread (KEY_spread: half the
-range over the median); a spread past 10% is called out, with what to look at.
+The headline ratios are taken within each of 5 rounds and reported as the median of the rounds'
+ratios with its spread (KEY_spread: half the range over the median); a spread past 10% is
+called out, with what to look at. The raw socket and zmq out of band run with both receivers
+alive, one delivery of each in turn, and a round's ratio is the median of its pairs' ratios:
+what moved that ratio +-27-50% between runs was bursts of other programs' CPU time (a delivery
+sharing its CPU takes 2.5-3x longer, in runs of several deliveries), which hit all of one case's
+deliveries and none of the other's when the cases ran one after the other; page faults (0),
+huge pages (neither receive buffer has any) and CPU migrations (rare) did not move it.
 
 Ratios (higher is better):
     flat_buffer_vs_pickle_b32     pickle_dicts time / flat_buffer time, 32 requests  (goal >= 50)
@@ -52,6 +57,7 @@ STEADY_SPREAD = 0.10  # a ratio whose rounds lie within +-10% of their median is
 # as the median over rounds, with the spread: numerator case, denominator case.
 ROUND_RATIOS = {"oob_tensor_vs_socket_ceiling": ("socketpair", "zmq_oob"),
                 "shm_tensor_vs_memcpy": ("memcpy", "shm_arena")}
+PAIRED = {"oob_tensor_vs_socket_ceiling"}  # its two sides take turns delivery by delivery
 
 
 def measure_batch(repeats: int, rounds: int) -> tuple[list[dict], dict[str, list[float]]]:
@@ -86,24 +92,28 @@ def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dic
 
     tensor = torch.ones(mib * MIB // 4, dtype=torch.float32)
     nbytes = mib * MIB
-    cases = [("memcpy", lambda: st.memcpy_times(nbytes, repeats)),
-             ("socketpair", lambda: st.socketpair_times(nbytes, repeats))]
-    cases += [(f"zmq_{m}" if m != "shm" else "shm_arena",
-               lambda m=m: st.transfer_times(tensor, m, repeats)) for m in st.MODES]
-    times: dict[str, list[float]] = {name: [] for name, _ in cases}
-    faults: dict[str, list[int]] = {name: [] for name, _ in cases}
+    # socketpair and zmq_oob run together, delivery by delivery in turn (st.paired_times)
+    cases = [("memcpy", lambda: {"memcpy": st.memcpy_times(nbytes, repeats)}),
+             ("socketpair+zmq_oob", lambda: dict(zip(("socketpair", "zmq_oob"),
+                                                     st.paired_times(tensor, repeats))))]
+    for mode in st.MODES[1:]:  # the others alone, one receiver at a time
+        name = "shm_arena" if mode == "shm" else f"zmq_{mode}"
+        cases.append((name, lambda m=mode, n=name: {n: st.transfer_times(tensor, m, repeats)}))
+    times: dict[str, list[float]] = {}
+    faults: dict[str, list[int]] = {}
     per_round: dict[str, list[float]] = {key: [] for key in ROUND_RATIOS}
     with tqdm(total=rounds * len(cases), desc=f"{mib} MiB tensor", leave=False) as bar:
         for _ in range(rounds):
             this_round = {}
-            for name, run in cases:
-                got = run()
-                times[name] += got.seconds
-                faults[name] += got.faults
-                this_round[name] = statistics.median(got.seconds)
+            for _, run in cases:
+                for name, got in run().items():
+                    times.setdefault(name, []).extend(got.seconds)
+                    faults.setdefault(name, []).extend(got.faults)
+                    this_round[name] = got.seconds
                 bar.update()
             for key, (num, den) in ROUND_RATIOS.items():
-                per_round[key].append(this_round[num] / this_round[den])
+                per_round[key].append(_round_ratio(this_round[num], this_round[den],
+                                                   paired=key in PAIRED))
     rows = []
     for name, got in times.items():
         sec = statistics.median(got)
@@ -112,6 +122,14 @@ def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dic
                      "faults_per_delivery": statistics.median(faults[name]),
                      "spread": spread(got)})
     return rows, per_round
+
+
+def _round_ratio(num: list[float], den: list[float], paired: bool) -> float:
+    """A round's ratio: the median of the pairs' ratios when the deliveries took turns, else
+    the ratio of the two medians."""
+    if paired:
+        return statistics.median(a / b for a, b in zip(num, den))
+    return statistics.median(num) / statistics.median(den)
 
 
 def ratios_of(rows: list[dict], per_round: dict[str, list[float]] | None = None
@@ -151,9 +169,11 @@ def steadiness_note(ratios: dict[str, float], rounds: int) -> str:
         return f"steady: each headline ratio within +-{STEADY_SPREAD:.0%} over {rounds} rounds"
     named = ", ".join(f"{k} +-{v:.0%}" for k, v in loose.items())
     return (f"NOT steady over {rounds} rounds: {named}. Each round times both sides seconds "
-            f"apart, so what moves one round against another is the machine: other programs "
-            f"(see the load average), or page faults (faults_per_delivery: a receive into "
-            f"fresh memory costs one fault per 4 KiB page, more than the copy).")
+            f"apart (the socket ceiling and zmq out of band delivery by delivery in turn), so "
+            f"what moves one round against another is the machine: other programs (see the "
+            f"load average: a 64 MiB delivery that shares its CPU takes 2.5-3x longer), or page "
+            f"faults (faults_per_delivery: a receive into fresh memory costs one fault per "
+            f"4 KiB page, more than the copy).")
 
 
 def main(argv: list[str] | None = None) -> int:
