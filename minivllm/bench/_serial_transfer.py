@@ -16,7 +16,8 @@ on a second PUSH/PULL pair. The sender times encode + send + ack: one whole deli
 
 "socketpair" is a raw AF_UNIX stream into a reused buffer: the ceiling of any socket transport
 (a socket moves the bytes twice, sender into the kernel and kernel into the receiver).
-paired_times() runs it and oob side by side, a delivery of each in turn.
+paired_times() runs two of these side by side, a delivery of each in turn (the bench pairs
+socketpair with oob, and memcpy with shm).
 
 Each ack also carries the page faults the receiver took for that delivery (getrusage's
 ru_minflt + ru_majflt): a receive that lands in fresh memory pays one fault per 4 KiB page, and
@@ -199,22 +200,24 @@ def transfer_times(tensor, mode: str, count: int) -> Deliveries:
         return _timed(deliver, count)
 
 
-def paired_times(tensor, count: int) -> tuple[Deliveries, Deliveries]:
-    """The raw socket and zmq out of band, both receivers alive, delivery by delivery in turn
-    (socket first in even pairs, zmq first in odd ones): a burst of another program's CPU time
-    then lands on both sides of a pair, not on all the deliveries of one (reference_numbers.md,
-    'Steady ratios')."""
+Link = Callable[[int], contextlib.AbstractContextManager]  # count -> a deliver() context
+
+
+def paired_times(first: Link, second: Link, count: int) -> tuple[Deliveries, Deliveries]:
+    """Two ways of delivering, both ready at once, one delivery of each in turn (first goes
+    first in even pairs, second in odd ones): a burst of another program's CPU time then lands
+    on both sides of a pair, not on all the deliveries of one (reference_numbers.md, 'Steady
+    ratios'). Each link is called with its number of deliveries and yields deliver()."""
     n = count + WARMUP
-    with socket_link(tensor.nbytes, n) as raw, zmq_link(tensor, "oob", n) as oob:
-        pairs = [(raw, oob) if i % 2 == 0 else (oob, raw) for i in range(n)]
-        got = {raw: Deliveries(), oob: Deliveries()}
-        for i, pair in enumerate(pairs):
-            for deliver in pair:
+    with first(n) as a, second(n) as b:
+        got = {a: Deliveries(), b: Deliveries()}
+        for i in range(n):
+            for deliver in ((a, b) if i % 2 == 0 else (b, a)):
                 seconds, faults = deliver()
                 if i >= WARMUP:
                     got[deliver].seconds.append(seconds)
                     got[deliver].faults.append(faults)
-        return got[raw], got[oob]
+        return got[a], got[b]
 
 
 def socket_receiver(path: str, nbytes: int, count: int) -> None:
@@ -245,9 +248,10 @@ def socket_link(nbytes: int, count: int) -> Iterator[Callable[[], tuple[float, i
             server.bind(path)
             server.listen(1)
             server.settimeout(READY_TIMEOUT_MS / 1000)
-            proc = mp.get_context("spawn").Process(
+            child = mp.get_context("spawn").Process(
                 target=socket_receiver, args=(path, nbytes, count), daemon=True)
-            proc.start()
+            child.start()
+            proc = child
             conn, _ = server.accept()
         with conn:
             conn.settimeout(ACK_TIMEOUT_MS / 1000)
@@ -269,14 +273,26 @@ def socketpair_times(nbytes: int, count: int) -> Deliveries:
         return _timed(deliver, count)
 
 
-def memcpy_times(nbytes: int, count: int) -> Deliveries:
-    """Seconds per np.copyto of nbytes into an already-faulted buffer: the copy limit."""
+@contextlib.contextmanager
+def memcpy_link(nbytes: int, count: int = 0) -> Iterator[Callable[[], tuple[float, int]]]:
+    """np.copyto of nbytes into an already-faulted buffer, in this process: the copy limit.
+    Yields deliver(), as zmq_link does (count is unused: there is no receiver to tell)."""
     src = np.ones(nbytes, np.uint8)
     dst = np.ones(nbytes, np.uint8)  # ones, not zeros: calloc'd zeros are faulted lazily
-    got = Deliveries()
-    for _ in range(count):
+
+    def deliver() -> tuple[float, int]:
         faults, start = page_faults(), time.perf_counter()
         np.copyto(dst, src)
-        got.seconds.append(time.perf_counter() - start)
-        got.faults.append(page_faults() - faults)
-    return got
+        return time.perf_counter() - start, page_faults() - faults
+    yield deliver
+
+
+def memcpy_times(nbytes: int, count: int) -> Deliveries:
+    """Seconds per np.copyto of nbytes into an already-faulted buffer."""
+    with memcpy_link(nbytes) as deliver:
+        got = Deliveries()
+        for _ in range(count):
+            seconds, faults = deliver()
+            got.seconds.append(seconds)
+            got.faults.append(faults)
+        return got

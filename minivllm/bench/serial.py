@@ -14,8 +14,9 @@
 
 The headline ratios are taken within each of 5 rounds and reported as the median of the rounds'
 ratios with its spread (KEY_spread: half the range over the median); a spread past 10% is
-called out, with what to look at. The raw socket and zmq out of band run with both receivers
-alive, one delivery of each in turn, and a round's ratio is the median of its pairs' ratios:
+called out, with what to look at. The two sides of each (the raw socket and zmq out of band;
+memcpy and the arena) run together, one delivery of each in turn, and a round's ratio is the
+median of its pairs' ratios:
 what moved that ratio +-27-50% between runs was bursts of other programs' CPU time (a delivery
 sharing its CPU takes 2.5-3x longer, in runs of several deliveries), which hit all of one case's
 deliveries and none of the other's when the cases ran one after the other; page faults (0),
@@ -57,7 +58,7 @@ STEADY_SPREAD = 0.10  # a ratio whose rounds lie within +-10% of their median is
 # as the median over rounds, with the spread: numerator case, denominator case.
 ROUND_RATIOS = {"oob_tensor_vs_socket_ceiling": ("socketpair", "zmq_oob"),
                 "shm_tensor_vs_memcpy": ("memcpy", "shm_arena")}
-PAIRED = {"oob_tensor_vs_socket_ceiling"}  # its two sides take turns delivery by delivery
+PAIRED = set(ROUND_RATIOS)  # the two sides of each take turns, delivery by delivery
 
 
 def measure_batch(repeats: int, rounds: int) -> tuple[list[dict], dict[str, list[float]]]:
@@ -86,19 +87,20 @@ def measure_batch(repeats: int, rounds: int) -> tuple[list[dict], dict[str, list
 def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dict]:
     """One row per way of moving the tensor: median seconds and GB/s over rounds x repeats
     deliveries, and the receiver's median page faults per delivery. The cases take turns round
-    by round, so that a burst of load from another program hits every case, not all the runs
-    of one; the second value holds ROUND_RATIOS' per-round medians."""
+    by round, and the two sides of each ROUND_RATIOS pair delivery by delivery, so that a burst
+    of load from another program hits both, not all the runs of one; the second value holds
+    ROUND_RATIOS' per-round values."""
     import torch
 
     tensor = torch.ones(mib * MIB // 4, dtype=torch.float32)
     nbytes = mib * MIB
-    # socketpair and zmq_oob run together, delivery by delivery in turn (st.paired_times)
-    cases = [("memcpy", lambda: {"memcpy": st.memcpy_times(nbytes, repeats)}),
-             ("socketpair+zmq_oob", lambda: dict(zip(("socketpair", "zmq_oob"),
-                                                     st.paired_times(tensor, repeats))))]
-    for mode in st.MODES[1:]:  # the others alone, one receiver at a time
-        name = "shm_arena" if mode == "shm" else f"zmq_{mode}"
-        cases.append((name, lambda m=mode, n=name: {n: st.transfer_times(tensor, m, repeats)}))
+    # each headline pair runs together, delivery by delivery in turn (st.paired_times)
+    cases = [(f"{num}+{den}", lambda num=num, den=den: dict(zip(
+        (num, den), st.paired_times(_link(num, tensor), _link(den, tensor), repeats))))
+        for num, den in ROUND_RATIOS.values()]
+    for mode in ("oob_fresh", "oob_into", "pickle"):  # the others alone, one at a time
+        cases.append((f"zmq_{mode}", lambda m=mode: {
+            f"zmq_{m}": st.transfer_times(tensor, m, repeats)}))
     times: dict[str, list[float]] = {}
     faults: dict[str, list[int]] = {}
     per_round: dict[str, list[float]] = {key: [] for key in ROUND_RATIOS}
@@ -122,6 +124,15 @@ def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dic
                      "faults_per_delivery": statistics.median(faults[name]),
                      "spread": spread(got)})
     return rows, per_round
+
+
+def _link(case: str, tensor) -> st.Link:
+    """The way of delivering that a case names, for st.paired_times."""
+    if case == "memcpy":
+        return lambda n: st.memcpy_link(tensor.nbytes)
+    if case == "socketpair":
+        return lambda n: st.socket_link(tensor.nbytes, n)
+    return lambda n: st.zmq_link(tensor, "shm" if case == "shm_arena" else "oob", n)
 
 
 def _round_ratio(num: list[float], den: list[float], paired: bool) -> float:
