@@ -99,11 +99,10 @@ class FlatBatch(msgspec.Struct, gc=False):
     def decode(cls, buf) -> FlatBatch:
         """View a received buffer (bytes, bytearray, memoryview); DecodeError if it is not one
         whole FlatBatch of this version."""
+        if type(buf) is not bytes and type(buf) is not bytearray:
+            buf = _byte_view(buf)  # len() is then its size in bytes
         try:
             magic, version, _, b, t, k, s = _unpack_header(buf)
-        except TypeError:
-            raise DecodeError(f"not a FlatBatch: a {type(buf).__qualname__}, not a buffer"
-                              ) from None
         except struct.error:
             raise DecodeError(f"not a FlatBatch: {len(buf)} bytes, the header alone is "
                               f"{HEADER.size}") from None
@@ -177,6 +176,15 @@ class FlatBatch(msgspec.Struct, gc=False):
                                   f"never go down and end at {total}")
         self.request_ids  # each id alone: a cut inside a character is not UTF-8 either
         return self
+
+
+def _byte_view(buf) -> memoryview:
+    """A flat memoryview of bytes of any buffer (a zmq.Frame, an int32 view...)."""
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise DecodeError(f"not a FlatBatch: a {type(buf).__qualname__}, not a buffer") from None
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _utf8(data) -> str:

@@ -106,6 +106,17 @@ def test_validate_names_the_bad_offsets():
         got.validate()
 
 
+def test_any_buffer_counts_its_bytes():
+    # ids of 4 bytes each: the whole message is a whole number of int32s
+    built = FlatBatch.build(["abcd", "efgh"], [[1, 2, 3], [4]], [[5], [6, 7]])
+    as_int32 = memoryview(np.frombuffer(bytes(built.encode()), np.int32))
+    assert len(as_int32) * 4 == len(built.encode())  # len() counts int32s here, not bytes
+    got = FlatBatch.decode(as_int32)
+    assert got.request_ids == ["abcd", "efgh"] and got.tokens_of(0).tolist() == [1, 2, 3]
+    with pytest.raises(DecodeError, match="truncated"):
+        FlatBatch.decode(as_int32[:-1])
+
+
 def test_not_a_buffer():
     with pytest.raises(DecodeError, match="not a FlatBatch"):
         FlatBatch.decode([1, 2, 3])
