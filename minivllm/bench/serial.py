@@ -180,7 +180,7 @@ def steadiness_note(ratios: dict[str, float], rounds: int) -> str:
         return f"steady: each headline ratio within +-{STEADY_SPREAD:.0%} over {rounds} rounds"
     named = ", ".join(f"{k} +-{v:.0%}" for k, v in loose.items())
     return (f"NOT steady over {rounds} rounds: {named}. Each round times both sides seconds "
-            f"apart (the socket ceiling and zmq out of band delivery by delivery in turn), so "
+            f"apart (the two sides of each take turns delivery by delivery), so "
             f"what moves one round against another is the machine: other programs (see the "
             f"load average: a 64 MiB delivery that shares its CPU takes 2.5-3x longer), or page "
             f"faults (faults_per_delivery: a receive into fresh memory costs one fault per "
