@@ -16,11 +16,11 @@ The headline ratios are taken within each of 5 rounds and reported as the median
 ratios with its spread (KEY_spread: half the range over the median); a spread past 10% is
 called out, with what to look at. The two sides of each (the raw socket and zmq out of band;
 memcpy and the arena) run together, one delivery of each in turn, and a round's ratio is the
-median of its pairs' ratios:
-what moved that ratio +-27-50% between runs was bursts of other programs' CPU time (a delivery
-sharing its CPU takes 2.5-3x longer, in runs of several deliveries), which hit all of one case's
-deliveries and none of the other's when the cases ran one after the other; page faults (0),
-huge pages (neither receive buffer has any) and CPU migrations (rare) did not move it.
+median of its pairs' ratios. What moved oob_tensor_vs_socket_ceiling +-27-50% between runs was
+bursts of other programs' CPU time (a delivery sharing its CPU takes 2.5-3x longer, in runs of
+several deliveries), which hit all of one case's deliveries and none of the other's when the
+cases ran one after the other; page faults (0), huge pages (neither receive buffer has any)
+and CPU migrations (rare) did not move it (figures/reference_numbers.md, "Steady ratios").
 
 Ratios (higher is better):
     flat_buffer_vs_pickle_b32     pickle_dicts time / flat_buffer time, 32 requests  (goal >= 50)
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 from minivllm.bench import serial_batch as sb
 from minivllm.bench import _serial_transfer as st
@@ -58,7 +57,6 @@ STEADY_SPREAD = 0.10  # a ratio whose rounds lie within +-10% of their median is
 # as the median over rounds, with the spread: numerator case, denominator case.
 ROUND_RATIOS = {"oob_tensor_vs_socket_ceiling": ("socketpair", "zmq_oob"),
                 "shm_tensor_vs_memcpy": ("memcpy", "shm_arena")}
-PAIRED = set(ROUND_RATIOS)  # the two sides of each take turns, delivery by delivery
 
 
 def measure_batch(repeats: int, rounds: int) -> tuple[list[dict], dict[str, list[float]]]:
@@ -95,27 +93,25 @@ def measure_tensor(mib: int, repeats: int, rounds: int) -> tuple[list[dict], dic
     tensor = torch.ones(mib * MIB // 4, dtype=torch.float32)
     nbytes = mib * MIB
     # each headline pair runs together, delivery by delivery in turn (st.paired_times)
-    cases = [(f"{num}+{den}", lambda num=num, den=den: dict(zip(
-        (num, den), st.paired_times(_link(num, tensor), _link(den, tensor), repeats))))
+    cases = [lambda num=num, den=den: dict(zip(
+        (num, den), st.paired_times(_link(num, tensor), _link(den, tensor), repeats)))
         for num, den in ROUND_RATIOS.values()]
     for mode in ("oob_fresh", "oob_into", "pickle"):  # the others alone, one at a time
-        cases.append((f"zmq_{mode}", lambda m=mode: {
-            f"zmq_{m}": st.transfer_times(tensor, m, repeats)}))
+        cases.append(lambda m=mode: {f"zmq_{m}": st.transfer_times(tensor, m, repeats)})
     times: dict[str, list[float]] = {}
     faults: dict[str, list[int]] = {}
     per_round: dict[str, list[float]] = {key: [] for key in ROUND_RATIOS}
     with tqdm(total=rounds * len(cases), desc=f"{mib} MiB tensor", leave=False) as bar:
         for _ in range(rounds):
             this_round = {}
-            for _, run in cases:
+            for run in cases:
                 for name, got in run().items():
                     times.setdefault(name, []).extend(got.seconds)
                     faults.setdefault(name, []).extend(got.faults)
                     this_round[name] = got.seconds
                 bar.update()
             for key, (num, den) in ROUND_RATIOS.items():
-                per_round[key].append(_round_ratio(this_round[num], this_round[den],
-                                                   paired=key in PAIRED))
+                per_round[key].append(_round_ratio(this_round[num], this_round[den]))
     rows = []
     for name, got in times.items():
         sec = statistics.median(got)
@@ -135,12 +131,9 @@ def _link(case: str, tensor) -> st.Link:
     return lambda n: st.zmq_link(tensor, "shm" if case == "shm_arena" else "oob", n)
 
 
-def _round_ratio(num: list[float], den: list[float], paired: bool) -> float:
-    """A round's ratio: the median of the pairs' ratios when the deliveries took turns, else
-    the ratio of the two medians."""
-    if paired:
-        return statistics.median(a / b for a, b in zip(num, den))
-    return statistics.median(num) / statistics.median(den)
+def _round_ratio(num: list[float], den: list[float]) -> float:
+    """A round's ratio: the median of its pairs' ratios (the deliveries took turns)."""
+    return statistics.median(a / b for a, b in zip(num, den))
 
 
 def ratios_of(rows: list[dict], per_round: dict[str, list[float]] | None = None
