@@ -39,11 +39,15 @@ def test_bench_writes_json_with_rows_and_ratios(tmp_path):
     assert {"batch/pickle_dicts", "batch/msgpack_dicts", "batch/struct_lists",
             "batch/flat_arrays", "tensor/memcpy", "tensor/zmq_oob", "tensor/zmq_pickle",
             "tensor/socketpair", "tensor/zmq_oob_into", "tensor/zmq_oob_fresh",
-            "tensor/shm_arena"} <= cases
+            "tensor/shm_arena", "batch/flat_buffer", "batch32/flat_buffer",
+            "batch32/pickle_dicts"} <= cases
     for key in ("msgpack_speedup_vs_pickle", "oob_tensor_vs_socket_ceiling",
-                "shm_tensor_vs_memcpy", "oob_fresh_vs_socket_ceiling", "socket_ceiling_vs_memcpy"):
+                "shm_tensor_vs_memcpy", "oob_fresh_vs_socket_ceiling", "socket_ceiling_vs_memcpy",
+                "flat_buffer_vs_pickle_b32", "flat_buffer_vs_pickle_b256"):
         assert record["ratios"][key] > 0
     assert "msgpack_speedup_vs_pickle" in run.stdout
+    # quick mode: 2 rounds of the batch formats, so their ratios come with a spread
+    assert record["ratios"]["flat_buffer_vs_pickle_b32_spread"] >= 0
 
 
 def test_chunked_receive_into_a_reused_buffer_carries_the_tensor():

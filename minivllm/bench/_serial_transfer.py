@@ -16,6 +16,8 @@ on a second PUSH/PULL pair. The sender times encode + send + ack: one whole deli
 
 "socketpair" is a raw AF_UNIX stream into a reused buffer: the ceiling of any socket transport
 (a socket moves the bytes twice, sender into the kernel and kernel into the receiver).
+paired_times() runs two of these side by side, a delivery of each in turn (the bench pairs
+socketpair with oob, and memcpy with shm).
 
 Each ack also carries the page faults the receiver took for that delivery (getrusage's
 ru_minflt + ru_majflt): a receive that lands in fresh memory pays one fault per 4 KiB page, and
@@ -24,11 +26,12 @@ that, not the copy, is what moves a run's time most.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import pickle
 import socket
 import time
-
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,10 +126,10 @@ def _recv_into(pull: zmq.Socket, decoder: MsgpackDecoder, buf: np.ndarray) -> np
     return decoder.decode([body, buf[:got]])
 
 
-def transfer_times(tensor, mode: str, count: int) -> Deliveries:
-    """Seconds per delivery of `tensor` to a child process, `count` times, after WARMUP
-    untimed ones: a fresh receiver's first receive faults in its buffer (16,384 faults at
-    64 MiB), which the memcpy and socket ceilings' buffers had before their clocks started."""
+@contextlib.contextmanager
+def zmq_link(tensor, mode: str, count: int) -> Iterator[Callable[[], tuple[float, int]]]:
+    """A receiver process for `count` deliveries of `tensor` in `mode`; yields deliver(), which
+    sends one and returns (seconds, the receiver's page faults)."""
     ctx = zmq.Context()
     ipc = IpcDir()
     push = pull_ack = proc = arena = None
@@ -136,15 +139,16 @@ def transfer_times(tensor, mode: str, count: int) -> Deliveries:
         if mode == "shm":  # two slots: the one in use, and room for the next
             arena = ShmTensorArena(slot_bytes=tensor.nbytes, max_slots=2)
         child = mp.get_context("spawn").Process(
-            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count + WARMUP,
+            target=receiver, args=(ipc.path("data"), ipc.path("ack"), mode, count,
                                    tensor.nbytes, arena and arena.handle()), daemon=True)
         child.start()
         proc = child
         if not pull_ack.poll(READY_TIMEOUT_MS):
             raise TimeoutError("the receiver process did not start within 60 s")
         pull_ack.recv()
-        encoder, got = MsgpackEncoder(arena=arena), Deliveries()
-        for _ in range(count + WARMUP):
+        encoder = MsgpackEncoder(arena=arena)
+
+        def deliver() -> tuple[float, int]:
             start = time.perf_counter()
             if mode == "oob_into":
                 push.send_multipart(_chunked(encoder.encode(tensor.numpy())), copy=False)
@@ -158,20 +162,62 @@ def transfer_times(tensor, mode: str, count: int) -> Deliveries:
             if not pull_ack.poll(ACK_TIMEOUT_MS):
                 raise TimeoutError(f"no ack from the receiver within {ACK_TIMEOUT_MS} ms")
             ack = pull_ack.recv()
-            got.seconds.append(time.perf_counter() - start)
-            got.faults.append(_faults_of(ack))
-        return Deliveries(got.seconds[WARMUP:], got.faults[WARMUP:])
+            return time.perf_counter() - start, _faults_of(ack)
+        yield deliver
     finally:
         close_all(push, pull_ack)
-        if proc is not None:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        _reap(proc)
         ctx.term()
         ipc.close()
         if arena is not None:
             arena.close()
+
+
+def _reap(proc) -> None:
+    if proc is not None:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _timed(deliver: Callable[[], tuple[float, int]], count: int) -> Deliveries:
+    """count deliveries after WARMUP untimed ones: a fresh receiver's first receive faults in
+    its buffer (16,384 faults at 64 MiB), which the memcpy and socket ceilings' buffers had
+    before their clocks started."""
+    got = Deliveries()
+    for i in range(count + WARMUP):
+        seconds, faults = deliver()
+        if i >= WARMUP:
+            got.seconds.append(seconds)
+            got.faults.append(faults)
+    return got
+
+
+def transfer_times(tensor, mode: str, count: int) -> Deliveries:
+    """Seconds per delivery of `tensor` to a child process in `mode`, `count` times."""
+    with zmq_link(tensor, mode, count + WARMUP) as deliver:
+        return _timed(deliver, count)
+
+
+Link = Callable[[int], contextlib.AbstractContextManager]  # count -> a deliver() context
+
+
+def paired_times(first: Link, second: Link, count: int) -> tuple[Deliveries, Deliveries]:
+    """Two ways of delivering, both ready at once, one delivery of each in turn (first goes
+    first in even pairs, second in odd ones): a burst of another program's CPU time then lands
+    on both sides of a pair, not on all the deliveries of one (reference_numbers.md, 'Steady
+    ratios'). Each link is called with its number of deliveries and yields deliver()."""
+    n = count + WARMUP
+    with first(n) as a, second(n) as b:
+        got = {a: Deliveries(), b: Deliveries()}
+        for i in range(n):
+            for deliver in ((a, b) if i % 2 == 0 else (b, a)):
+                seconds, faults = deliver()
+                if i >= WARMUP:
+                    got[deliver].seconds.append(seconds)
+                    got[deliver].faults.append(faults)
+        return got[a], got[b]
 
 
 def socket_receiver(path: str, nbytes: int, count: int) -> None:
@@ -189,8 +235,10 @@ def socket_receiver(path: str, nbytes: int, count: int) -> None:
             sock.sendall(_ack(_touch(np.frombuffer(buf, np.uint8)), faults))
 
 
-def socketpair_times(nbytes: int, count: int) -> Deliveries:
-    """Seconds per nbytes over a raw AF_UNIX stream into a reused buffer: the socket ceiling."""
+@contextlib.contextmanager
+def socket_link(nbytes: int, count: int) -> Iterator[Callable[[], tuple[float, int]]]:
+    """A raw AF_UNIX stream to a receiver that reads `count` messages of nbytes into a reused
+    buffer: the socket ceiling. Yields deliver(), as zmq_link does."""
     data = np.ones(nbytes, np.uint8)
     ipc = IpcDir()
     path = ipc.path("raw").removeprefix("ipc://")
@@ -200,37 +248,51 @@ def socketpair_times(nbytes: int, count: int) -> Deliveries:
             server.bind(path)
             server.listen(1)
             server.settimeout(READY_TIMEOUT_MS / 1000)
-            proc = mp.get_context("spawn").Process(
-                target=socket_receiver, args=(path, nbytes, count + WARMUP), daemon=True)
-            proc.start()
+            child = mp.get_context("spawn").Process(
+                target=socket_receiver, args=(path, nbytes, count), daemon=True)
+            child.start()
+            proc = child
             conn, _ = server.accept()
         with conn:
             conn.settimeout(ACK_TIMEOUT_MS / 1000)
-            got = Deliveries()
-            for _ in range(count + WARMUP):
+
+            def deliver() -> tuple[float, int]:
                 start = time.perf_counter()
                 conn.sendall(data.data)
                 ack = conn.recv(16, socket.MSG_WAITALL)
-                got.seconds.append(time.perf_counter() - start)
-                got.faults.append(_faults_of(ack))
-            return Deliveries(got.seconds[WARMUP:], got.faults[WARMUP:])
+                return time.perf_counter() - start, _faults_of(ack)
+            yield deliver
     finally:
-        if proc is not None:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        _reap(proc)
         ipc.close()
 
 
-def memcpy_times(nbytes: int, count: int) -> Deliveries:
-    """Seconds per np.copyto of nbytes into an already-faulted buffer: the copy limit."""
+def socketpair_times(nbytes: int, count: int) -> Deliveries:
+    """Seconds per nbytes over a raw AF_UNIX stream into a reused buffer: the socket ceiling."""
+    with socket_link(nbytes, count + WARMUP) as deliver:
+        return _timed(deliver, count)
+
+
+@contextlib.contextmanager
+def memcpy_link(nbytes: int, count: int = 0) -> Iterator[Callable[[], tuple[float, int]]]:
+    """np.copyto of nbytes into an already-faulted buffer, in this process: the copy limit.
+    Yields deliver(), as zmq_link does (count is unused: there is no receiver to tell)."""
     src = np.ones(nbytes, np.uint8)
     dst = np.ones(nbytes, np.uint8)  # ones, not zeros: calloc'd zeros are faulted lazily
-    got = Deliveries()
-    for _ in range(count):
+
+    def deliver() -> tuple[float, int]:
         faults, start = page_faults(), time.perf_counter()
         np.copyto(dst, src)
-        got.seconds.append(time.perf_counter() - start)
-        got.faults.append(page_faults() - faults)
-    return got
+        return time.perf_counter() - start, page_faults() - faults
+    yield deliver
+
+
+def memcpy_times(nbytes: int, count: int) -> Deliveries:
+    """Seconds per np.copyto of nbytes into an already-faulted buffer."""
+    with memcpy_link(nbytes) as deliver:
+        got = Deliveries()
+        for _ in range(count):
+            seconds, faults = deliver()
+            got.seconds.append(seconds)
+            got.faults.append(faults)
+        return got

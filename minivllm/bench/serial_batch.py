@@ -1,4 +1,4 @@
-"""The seed's step batch in four wire formats, for `minivllm bench serial` and chapter 04.
+"""The seed's step batch in five wire formats, for `minivllm bench serial` and chapter 04.
 
 The batch: 256 requests. Every 16th is a prefill chunk of 512 prompt tokens; the others are
 decodes of one token (after a 16-token prompt). Each request carries a block table of 8 ids.
@@ -8,19 +8,28 @@ That is 8,432 token ids and 2,048 block ids; figures/reference_numbers.md has re
     pickle_dicts   pickle of [{"request_id", "token_ids": [int], "block_ids": [int]}, ...]
     msgpack_dicts  the same dicts as msgpack (msgspec)
     struct_lists   list[RequestRow]: array_like Structs, ids as lists of ints
-    flat_arrays    one StepBatch: all ids in two int32 arrays plus offsets (minivllm's way),
-                   through minivllm.serial (the arrays go out of band)
+    flat_arrays    one StepBatch: all ids in two int32 arrays plus offsets, through
+                   minivllm.serial (msgpack body, the arrays out of band)
+    flat_buffer    one FlatBatch (minivllm/flat_batch.py): the same arrays and the request ids
+                   in one contiguous buffer behind a fixed header, built once; encode hands
+                   the buffer out, decode checks the header and views the rest
+
+Smaller batches (`seed_batch(num_requests=32)`) keep the pattern: request i is a prefill chunk
+when i % 16 == 0.
 """
 
 from __future__ import annotations
 
 import pickle
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from minivllm.flat_batch import FlatBatch
 from minivllm.serial import MsgpackDecoder, MsgpackEncoder
 
 NUM_REQUESTS = 256
@@ -53,11 +62,11 @@ class StepBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
         return self.token_ids[self.token_offsets[i]:self.token_offsets[i + 1]]
 
 
-def seed_batch(seed: int = 0) -> list[dict[str, Any]]:
+def seed_batch(seed: int = 0, num_requests: int = NUM_REQUESTS) -> list[dict[str, Any]]:
     """The batch as plain dicts of lists: what a Python program holds before any care."""
     rng = np.random.default_rng(seed)
     rows = []
-    for i in range(NUM_REQUESTS):
+    for i in range(num_requests):
         n = PREFILL_TOKENS if i % PREFILL_EVERY == 0 else DECODE_TOKENS
         rows.append({"request_id": f"req-{i}",
                      "token_ids": rng.integers(0, VOCAB, n).tolist(),
@@ -81,6 +90,11 @@ def to_flat(batch: list[dict]) -> StepBatch:
     return StepBatch([r["request_id"] for r in batch], tokens, token_offsets, blocks, block_offsets)
 
 
+def to_flat_buffer(batch: list[dict]) -> FlatBatch:
+    return FlatBatch.build([r["request_id"] for r in batch], [r["token_ids"] for r in batch],
+                           [r["block_ids"] for r in batch])
+
+
 Codec = tuple[Callable[[], Any], Callable[[Any], Any]]  # encode() -> wire, decode(wire) -> obj
 
 
@@ -90,13 +104,32 @@ def codecs(batch: list[dict]) -> dict[str, Codec]:
     row_enc, row_dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(list[RequestRow])
     dict_enc, dict_dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
     flat_enc, flat_dec = MsgpackEncoder(), MsgpackDecoder(StepBatch)
+    flat_buffer = to_flat_buffer(batch)
     return {
         "pickle_dicts": (lambda: pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL),
                          pickle.loads),
         "msgpack_dicts": (lambda: dict_enc.encode(batch), dict_dec.decode),
         "struct_lists": (lambda: row_enc.encode(rows), row_dec.decode),
         "flat_arrays": (lambda: flat_enc.encode(flat), flat_dec.decode),
+        "flat_buffer": (flat_buffer.encode, FlatBatch.decode),
     }
+
+
+def codec_times(codecs: dict[str, Codec], repeats: int) -> dict[str, tuple[float, float]]:
+    """Each format's median encode and decode µs over `repeats`, the formats one after another
+    (a round: call it several times and compare ratios within each)."""
+    out = {}
+    for name, (encode, decode) in codecs.items():
+        enc, dec = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            wire = encode()
+            t1 = time.perf_counter()
+            decode(wire)
+            enc.append(t1 - t0)
+            dec.append(time.perf_counter() - t1)
+        out[name] = (statistics.median(enc) * 1e6, statistics.median(dec) * 1e6)
+    return out
 
 
 def wire_bytes(wire: Any) -> int:
@@ -108,6 +141,10 @@ def wire_bytes(wire: Any) -> int:
 
 def same_batch(decoded: Any, batch: list[dict]) -> bool:
     """Did the format carry the batch intact? (each decoder returns its own shape)"""
+    if isinstance(decoded, FlatBatch):
+        return (decoded.request_ids == [r["request_id"] for r in batch]
+                and all(decoded.blocks_of(i).tolist() == r["block_ids"] for i, r in enumerate(batch))
+                and all(decoded.tokens_of(i).tolist() == r["token_ids"] for i, r in enumerate(batch)))
     if isinstance(decoded, StepBatch):
         return all(decoded.tokens_of(i).tolist() == r["token_ids"] for i, r in enumerate(batch))
     if decoded and isinstance(decoded[0], RequestRow):
