@@ -55,3 +55,48 @@ def test_ratios_are_relative_to_memcpy_at_one_size():
     rows = [{"metric": "bandwidth", "transport": t, "size": ipc.RATIO_SIZE, "gbps": g}
             for t, g in [("memcpy", 10.0), ("shm", 8.0), ("pipe", 2.0)]]
     assert ipc.ratios_of(rows) == {"pipe_vs_memcpy": 0.2, "shm_vs_memcpy": 0.8}
+
+
+def test_shm_ring_with_no_spinning_wakes_each_side_through_its_pipe():
+    """spin_s = 0: every wait sleeps on the pipe at once, so each message (2 slots: the sender
+    waits for a free slot too) is handed over by the waiting flag and a doorbell byte. A
+    lost wakeup would raise TimeoutError after SPIN_TIMEOUT_S."""
+    import os
+    import threading
+    from minivllm.bench import _ipc_transports as ipt
+
+    segment = memoryview(bytearray(ipt.RING_BYTES + ipt.CTRL_BYTES))
+    (bell_r, bell_w), (ack_r, ack_w) = os.pipe(), os.pipe()
+    sender = ipt.ShmRing(segment, ipt.FdStream(0, bell_w), ipt.FdStream(ack_r, 0))
+    receiver = ipt.ShmRing(segment, ipt.FdStream(bell_r, 0), ipt.FdStream(0, ack_w))
+    sender.spin_s = receiver.spin_s = 0.0
+    size = ipt.RING_BYTES // 2
+    assert ipt.slots_for(size) == 2
+    src, dst = memoryview(np.full(size, 7, np.uint8)), np.zeros(size, np.uint8)
+    errors = []
+
+    def send():
+        try:
+            sender.send_stream(src, 6)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    thread = threading.Thread(target=send)
+    thread.start()
+    try:
+        receiver.recv_stream(memoryview(dst), 6, copy_out=True)
+    finally:
+        thread.join(30)
+        for fd in (bell_r, bell_w, ack_r, ack_w):
+            os.close(fd)
+    assert not errors, errors
+    assert (dst == 7).all()
+    assert sender.counts[ipt.HEAD // 8] == receiver.counts[ipt.TAIL // 8] == 6
+
+
+def test_the_headline_ratio_is_the_median_of_its_rounds():
+    rows = [{"metric": "bandwidth", "transport": "memcpy", "size": ipc.RATIO_SIZE, "gbps": 10.0},
+            {"metric": "bandwidth", "transport": "shm", "size": ipc.RATIO_SIZE, "gbps": 5.0,
+             "vs_memcpy_rounds": [0.8, 1.0, 0.9]}]
+    ratios = ipc.ratios_of(rows)
+    assert ratios["shm_vs_memcpy"] == 0.9  # the rounds' median, not 5 / 10
+    assert abs(ratios["shm_vs_memcpy_spread"] - 0.1 / 0.9) < 1e-12
