@@ -63,12 +63,12 @@ def test_shm_ring_with_no_spinning_wakes_each_side_through_its_pipe():
     lost wakeup would raise TimeoutError after SPIN_TIMEOUT_S."""
     import os
     import threading
-    from minivllm.bench import _ipc_transports as ipt
+    from minivllm.bench import _ipc_shm_ring as ipr, _ipc_transports as ipt
 
     segment = memoryview(bytearray(ipt.RING_BYTES + ipt.CTRL_BYTES))
     (bell_r, bell_w), (ack_r, ack_w) = os.pipe(), os.pipe()
-    sender = ipt.ShmRing(segment, ipt.FdStream(0, bell_w), ipt.FdStream(ack_r, 0))
-    receiver = ipt.ShmRing(segment, ipt.FdStream(bell_r, 0), ipt.FdStream(0, ack_w))
+    sender = ipr.ShmRing(segment, ipt.FdStream(0, bell_w), ipt.FdStream(ack_r, 0))
+    receiver = ipr.ShmRing(segment, ipt.FdStream(bell_r, 0), ipt.FdStream(0, ack_w))
     sender.spin_s = receiver.spin_s = 0.0
     size = ipt.RING_BYTES // 2
     assert ipt.slots_for(size) == 2
@@ -90,7 +90,7 @@ def test_shm_ring_with_no_spinning_wakes_each_side_through_its_pipe():
             os.close(fd)
     assert not errors, errors
     assert (dst == 7).all()
-    assert sender.counts[ipt.HEAD // 8] == receiver.counts[ipt.TAIL // 8] == 6
+    assert sender.counts[ipr.HEAD // 8] == receiver.counts[ipr.TAIL // 8] == 6
 
 
 def test_the_headline_ratio_is_the_median_of_its_rounds():

@@ -23,41 +23,23 @@ import fcntl
 import mmap
 import multiprocessing
 import os
-import select
 import socket
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
-from typing import Callable
 
 import numpy as np
 
-from minivllm.distributed.shm_ring import memory_fence
+from minivllm.bench._ipc_shm_ring import (  # noqa: F401  (this module's API too)
+    CTRL_BYTES, PING, PONG, RING_BYTES, SPIN_BEFORE_BLOCK_S, SPIN_TIMEOUT_S, ShmRing, _seq,
+    slots_for)
 from minivllm.utils.mp import ProcHandle, launch
 
 COPIES_PER_BYTE = {"pipe": 2, "pipe_big": 2, "unix": 2, "tcp": 2, "shm": 1, "shm_copy": 2,
                    "memcpy": 1}
-RING_BYTES = 64 * 2**20  # the shm ring: 64 slots of 1 MiB, far beyond L2, like a real batch
-MAX_SLOTS = 64  # a doorbell byte per slot: more slots only add memory, not overlap
-MIN_SLOTS = 2  # double buffering: the sender fills one slot while the receiver drains another
-# The control region after the slots: one 64-byte cache line per flag or counter, so that a
-# store by one side never invalidates a line the other side is polling for something else.
-LINE = 64
-PING, PONG = 0, LINE  # the round trip's flags
-HEAD, TAIL = 2 * LINE, 3 * LINE  # u64 counts: messages published by the sender, released by the receiver
-RECV_WAITING, SEND_WAITING = 4 * LINE, 5 * LINE  # a side about to block on its pipe sets its byte
-CTRL_BYTES = 6 * LINE
-SPIN_BEFORE_BLOCK_S = 0.002  # a waiting side spins this long, then blocks: longer than a 16 MiB copy
-SPIN_CHECK_EVERY = 1024  # spins between clock reads while waiting on a flag
-SPIN_TIMEOUT_S = 10.0  # a flag not seen in this long means the peer is gone
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux only
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 PIPE_MAX_SIZE_FILE = "/proc/sys/fs/pipe-max-size"
-BELL_READ_MAX = 4096  # doorbell bytes read at once: that many slots become ready
-
-
-def slots_for(size: int) -> int:
-    return max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // max(size, 1)))
 
 
 def grow_pipe(fd: int) -> int:
@@ -105,117 +87,6 @@ class SockStream:
             if n == 0:
                 raise EOFError("the peer closed the socket")
             view = view[n:]
-
-
-# --- shared memory: a ring of slots, two counters, a doorbell pipe and an ack pipe --------
-class ShmRing:
-    """One end of the ring. `ring` maps RING_BYTES + CTRL_BYTES of the same segment.
-
-    Message k goes into slot k % slots. The sender copies it there, then stores HEAD = k + 1;
-    the receiver uses the slot, then stores TAIL = k + 1, which gives the slot back. A side
-    with nothing to do (no message yet; no free slot) spins on the other's counter for
-    SPIN_BEFORE_BLOCK_S, then sets its waiting byte and sleeps on its pipe; the other side
-    writes a byte there only when it finds that byte set (the waiting flag of chapter 05's
-    MessageQueue). A pipe byte per message would wake a sleeping process per message: about
-    27 us of the sender's time each on a 2 vCPU VM, a fifth of a 1 MiB message's (chapter 05).
-    """
-
-    def __init__(self, ring: memoryview, bell: FdStream, ack: FdStream):
-        self.ring, self.bell, self.ack = ring, bell, ack
-        self.flags = ring[RING_BYTES:RING_BYTES + CTRL_BYTES]
-        self.counts = self.flags.cast("Q")  # HEAD and TAIL as aligned 8-byte words
-        self.spin_s = SPIN_BEFORE_BLOCK_S  # 0: sleep at once, and be rung for every message
-
-    def release(self) -> None:
-        """Drop the views of the segment (they must go before it is closed)."""
-        self.counts.release()
-        self.flags.release()
-
-    def send_stream(self, src: memoryview, count: int) -> None:
-        size, slots, counts = len(src), slots_for(len(src)), self.counts
-        head = counts[HEAD // 8]
-        for _ in range(count):
-            if head - counts[TAIL // 8] >= slots:  # every slot holds an unread message
-                self._wait(lambda: head - counts[TAIL // 8] < slots, SEND_WAITING, self.ack.rfd)
-            off = (head % slots) * size
-            self.ring[off:off + size] = src  # the one copy on this side
-            head += 1
-            self._publish(HEAD, head, RECV_WAITING, self.bell.wfd)
-        self._wait(lambda: counts[TAIL // 8] == head, SEND_WAITING, self.ack.rfd)  # all back
-
-    def recv_stream(self, dst: memoryview, count: int, copy_out: bool) -> None:
-        """copy_out=False reads in place: it checks the first and last byte of each message,
-        the way a consumer that wraps the slot as an array (np.frombuffer) costs nothing more."""
-        size, slots, counts = len(dst), slots_for(len(dst)), self.counts
-        tail = counts[TAIL // 8]
-        for _ in range(count):
-            if counts[HEAD // 8] == tail:
-                self._wait(lambda: counts[HEAD // 8] != tail, RECV_WAITING, self.bell.rfd)
-            off = (tail % slots) * size
-            if copy_out:
-                dst[:] = self.ring[off:off + size]  # the one copy on this side
-            elif self.ring[off] != self.ring[off + size - 1]:
-                raise ValueError("a torn message in the shm ring")
-            tail += 1
-            self._publish(TAIL, tail, SEND_WAITING, self.ack.wfd)
-
-    def _publish(self, counter: int, value: int, peer_waiting: int, peer_fd: int) -> None:
-        """Store our counter after the slot's bytes; wake the peer only if it said it sleeps."""
-        memory_fence()  # the slot's bytes before the counter (x86 keeps this order anyway)
-        self.counts[counter // 8] = value
-        memory_fence()  # the counter before we load the peer's waiting byte (Dekker's order)
-        if self.flags[peer_waiting]:
-            self.flags[peer_waiting] = 0
-            os.write(peer_fd, b"\x01")
-
-    def _wait(self, ready: Callable[[], bool], waiting: int, fd: int) -> None:
-        """Spin (yield) until ready(); after spin_s set our waiting byte, look once
-        more, and sleep on fd. A stale byte (the peer rang as our last look succeeded) only
-        makes one later sleep return early, and the loop looks again."""
-        now = time.monotonic()
-        spin_until, deadline = now + self.spin_s, now + SPIN_TIMEOUT_S
-        while not ready():
-            now = time.monotonic()
-            if now < spin_until:
-                os.sched_yield()  # about 1 us, and another process may run
-                continue
-            self.flags[waiting] = 1
-            memory_fence()  # our waiting byte before our last look (the peer's mirror order)
-            if ready():
-                self.flags[waiting] = 0
-                return
-            if not select.select([fd], [], [], max(0.0, deadline - now))[0]:
-                raise TimeoutError(f"the shm peer published nothing in {SPIN_TIMEOUT_S:g} s: "
-                                   "is it alive?")
-            if not os.read(fd, BELL_READ_MAX):
-                raise EOFError("the shm peer closed its pipe")
-
-    def wait_flag(self, where: int, value: int) -> None:
-        spins, deadline = 0, time.monotonic() + SPIN_TIMEOUT_S
-        while self.flags[where] != value:
-            os.sched_yield()  # about 1 us; time.sleep(0) would cost about 60 us
-            spins += 1
-            if spins % SPIN_CHECK_EVERY == 0 and time.monotonic() > deadline:
-                raise TimeoutError(f"shm flag at {where} never became {value}: is the peer alive?")
-
-    def ping(self, src: memoryview, dst: memoryview, seq: int) -> None:
-        """Parent: payload into slot 0, raise the ping flag, spin until the pong flag answers."""
-        n = len(src)
-        self.ring[:n] = src
-        self.flags[PING] = seq  # x86 keeps stores in order; chapter 05 covers other CPUs
-        self.wait_flag(PONG, seq)
-        dst[:] = self.ring[n:2 * n]
-
-    def pong(self, buf: memoryview, seq: int) -> None:
-        n = len(buf)
-        self.wait_flag(PING, seq)
-        buf[:] = self.ring[:n]
-        self.ring[n:2 * n] = buf
-        self.flags[PONG] = seq
-
-
-def _seq(i: int) -> int:
-    return i % 255 + 1  # a flag byte: consecutive values differ and are never 0
 
 
 # --- the child ------------------------------------------------------------------------------
