@@ -122,6 +122,7 @@ def peer_main(link, kind: str, ends: dict, ctrl: Connection) -> None:
             break
         mode, size, count = cmd
         view = memoryview(src)[:size] if size <= len(src) else memoryview(np.ones(size, np.uint8))
+        started = time.perf_counter()
         if mode == "bw" and kind.startswith("shm"):
             chan.send_stream(view, count)
         elif mode == "bw":
@@ -136,7 +137,7 @@ def peer_main(link, kind: str, ends: dict, ctrl: Connection) -> None:
             for _ in range(count):
                 chan.recv_into(buf)
                 chan.send(buf)
-        ctrl.send("done")
+        ctrl.send(("done", started))
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -145,7 +146,8 @@ class Transport:
 
     def __init__(self, kind: str, ready_timeout: float = 60.0):
         self.kind, self.pipe_size, self._closers = kind, None, []
-        ctrl_r, self.ctrl = multiprocessing.Pipe()  # commands down, "done" back
+        ctrl_r, self.ctrl = multiprocessing.Pipe()  # commands down, ("done", start) back
+        self.start_lags: list[float] = []  # seconds the sender took to begin each bandwidth run
         ends, self.chan = self._open(kind)
         try:
             self.child: ProcHandle = launch(peer_main, f"ipc-{kind}", args=(kind, ends, ctrl_r),
@@ -198,7 +200,10 @@ class Transport:
                          "shm_copy")
 
     def bandwidth(self, dst: memoryview, count: int) -> float:
-        """Seconds to receive `count` messages of len(dst) bytes."""
+        """Seconds to receive `count` messages of len(dst) bytes, from the sender's start to
+        the last byte here. The command that starts a run is the bench's, not the transport's:
+        the time the sender took to wake for it (perf_counter is CLOCK_MONOTONIC, one clock
+        for both processes) is kept apart, in start_lags (chapter 05, section 4.7)."""
         start = time.perf_counter()
         self.ctrl.send(("bw", len(dst), count))
         if self.kind.startswith("shm"):
@@ -206,9 +211,10 @@ class Transport:
         else:
             for _ in range(count):
                 self.chan.recv_into(dst)
-        elapsed = time.perf_counter() - start
-        self._expect_done()
-        return elapsed
+        end = time.perf_counter()
+        sender_start = max(start, self._expect_done())
+        self.start_lags.append(sender_start - start)
+        return end - sender_start
 
     def round_trips(self, size: int, count: int) -> list[float]:
         """Seconds of each of `count` round trips of a `size`-byte message."""
@@ -228,9 +234,12 @@ class Transport:
         self._expect_done()
         return times
 
-    def _expect_done(self) -> None:
-        if not self.ctrl.poll(SPIN_TIMEOUT_S) or self.ctrl.recv() != "done":
+    def _expect_done(self) -> float:
+        """The sender's perf_counter() when it began the run."""
+        reply = self.ctrl.recv() if self.ctrl.poll(SPIN_TIMEOUT_S) else None
+        if not (isinstance(reply, tuple) and reply[0] == "done"):
             raise RuntimeError(f"the {self.kind} sender did not finish its run")
+        return reply[1]
 
     def close(self) -> None:
         child = getattr(self, "child", None)

@@ -4,7 +4,8 @@ processes, against memcpy in one process, on this machine, in one run.
     minivllm bench ipc [--quick] [--json FILE] [--plot FILE]
 
 Bandwidth: one child sends `count` messages of each size, the parent receives them; the
-median of REPEATS runs. memcpy is the limit: the same bytes copied once, into a private ring
+median of REPEATS runs, each timed from the sender's start to the last byte received (the
+time the sender took to wake for the bench's command is the row's start_lag_ms). memcpy is the limit: the same bytes copied once, into a private ring
 as large as the shm ring, in one process (exactly the shm sender's copy, without a receiver),
 sampled between the transports; its median is over those samples.
 Latency: round trips of a 64-byte message, p50 and p99. Context switches and CPU time are
@@ -146,11 +147,12 @@ def measure_transport(kind: str, sizes: list[int], quick: bool, bar,
         for size in sizes:
             count, dst = messages_for(size, quick), memoryview(np.zeros(size, np.uint8))
             t.bandwidth(dst, min(count, MIN_MESSAGES))  # warm up: first touches, slow start
-            before, extra = _counters(procs), {}
+            before, extra, lags = _counters(procs), {}, len(t.start_lags)
             if memcpy is not None and size == RATIO_SIZE:
                 times, extra["vs_memcpy_rounds"] = _rounds(t, dst, count, quick, memcpy)
             else:
                 times = [t.bandwidth(dst, count) for _ in range(REPEATS[quick])]
+            extra["start_lag_ms"] = statistics.median(t.start_lags[lags:]) * 1e3
             if t.pipe_size:
                 extra["pipe_size"] = t.pipe_size
             rows.append(_row(kind, size, count, times, _counters(procs) - before, **extra))
@@ -263,6 +265,7 @@ def print_report(record: dict) -> None:
             ratio = record["ratios"].get(f"{n}_vs_memcpy", r["gbps"] / at["memcpy"]["gbps"])
             row.update({"GB/s @1MiB": r["gbps"], "x memcpy": ratio,
                         "+-": record["ratios"].get(f"{n}_vs_memcpy_spread", ""),
+                        "start lag ms": r.get("start_lag_ms", ""),
                         "vol cs/MiB": r["vol_cs"] / mib, "invol cs/MiB": r["invol_cs"] / mib,
                         "CPU s/GB": r["cpu_s_per_gb"]})
         if n in lat:
@@ -270,9 +273,11 @@ def print_report(record: dict) -> None:
         summary.append(row)
     print(f"\nsummary (x memcpy: the median of {REPEATS[record.get('quick', False)]} rounds of "
           f"memcpy, transport, transport, memcpy; +-: their spread, half the range over the "
-          f"median; context switches of both processes; load average "
+          f"median; start lag: the sender's wake-up for the command, not timed; context "
+          f"switches of both processes; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}):")
-    print_table(summary, ["transport", "GB/s @1MiB", "x memcpy", "+-", "rtt p50 us", "rtt p99 us",
+    print_table(summary, ["transport", "GB/s @1MiB", "x memcpy", "+-", "start lag ms",
+                          "rtt p50 us", "rtt p99 us",
                           "copies/byte", "vol cs/MiB", "invol cs/MiB"])
 
 
