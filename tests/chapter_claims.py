@@ -70,6 +70,10 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"on this machine MessageQueue moved [0-9.]+x the bare ring's messages",
          "MessageQueue vs the bare ring is stated from this run"),
         (r"segments left behind: none", "a failed ring leaves no segment"),
+        (r"batched: a quarter ring +[0-9.]+ +0\.\d+", "the batched doorbell sleeps under once a message"),
+        (r"4 KiB, after a fork +[0-9.]+ +[1-9]\d{3,}", "a forked child's pages fault on every copy"),
+        (r"on this machine the ring moved [0-9.]+x memcpy at 1 MiB \(median of \d rounds, spread",
+         "the ring against memcpy is stated from this run, with its spread"),
     ],
     "06": [
         (r"new names in /dev/shm: none", "the file_descriptor strategy leaves no name in /dev/shm"),

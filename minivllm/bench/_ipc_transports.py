@@ -6,9 +6,10 @@ The parent process receives; a child started with minivllm.utils.mp.launch sends
     pipe        write(2) into the kernel's pipe buffer, read(2) out     2 (user->kernel->user)
     unix        AF_UNIX stream socketpair: send/recv_into               2
     tcp         TCP over 127.0.0.1, NODELAY: send/recv_into             2 (+ the TCP stack)
-    shm         the sender copies into a slot of a shared ring, then    1: the receiver reads
-                writes one doorbell byte on a pipe; the receiver uses    the slot in place
-                the slot in place and acks on a second pipe (per batch)
+    shm         the sender copies into a slot of a shared ring, then      1: the receiver reads
+                counts it published; the receiver spins on that count     the slot in place
+                and counts what it released; a pipe byte wakes a side
+                only when it said it sleeps (ShmRing)
     shm_copy    the same, and the receiver copies the slot out          2, both in user space
     memcpy      one copy in one process (the limit; see ipc.py)         1
 
@@ -29,25 +30,16 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from minivllm.bench._ipc_shm_ring import (  # noqa: F401  (this module's API too)
+    CTRL_BYTES, PING, PONG, RING_BYTES, SPIN_BEFORE_BLOCK_S, SPIN_TIMEOUT_S, ShmRing, _seq,
+    slots_for)
 from minivllm.utils.mp import ProcHandle, launch
 
 COPIES_PER_BYTE = {"pipe": 2, "pipe_big": 2, "unix": 2, "tcp": 2, "shm": 1, "shm_copy": 2,
                    "memcpy": 1}
-RING_BYTES = 64 * 2**20  # the shm ring: 64 slots of 1 MiB, far beyond L2, like a real batch
-MAX_SLOTS = 64  # a doorbell byte per slot: more slots only add memory, not overlap
-MIN_SLOTS = 2  # double buffering: the sender fills one slot while the receiver drains another
-CTRL_BYTES = 128  # ping and pong flags of the shm round trip, one cache line each
-PING, PONG = 0, 64  # offsets of the flags inside the control region
-SPIN_CHECK_EVERY = 1024  # spins between clock reads while waiting on a flag
-SPIN_TIMEOUT_S = 10.0  # a flag not seen in this long means the peer is gone
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux only
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 PIPE_MAX_SIZE_FILE = "/proc/sys/fs/pipe-max-size"
-BELL_READ_MAX = 4096  # doorbell bytes read at once: that many slots become ready
-
-
-def slots_for(size: int) -> int:
-    return max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // max(size, 1)))
 
 
 def grow_pipe(fd: int) -> int:
@@ -97,75 +89,6 @@ class SockStream:
             view = view[n:]
 
 
-# --- shared memory: a ring of slots, a doorbell pipe and an ack pipe ---------------------
-class ShmRing:
-    """One end of the ring. `ring` maps RING_BYTES + CTRL_BYTES of the same segment."""
-
-    def __init__(self, ring: memoryview, bell: FdStream, ack: FdStream):
-        self.ring, self.bell, self.ack = ring, bell, ack
-        self.flags = ring[RING_BYTES:RING_BYTES + CTRL_BYTES]
-
-    def send_stream(self, src: memoryview, count: int) -> None:
-        size, slots = len(src), slots_for(len(src))
-        credits, head = slots, 0
-        for _ in range(count):
-            if credits == 0:
-                credits += len(os.read(self.ack.rfd, BELL_READ_MAX))
-            off = (head % slots) * size
-            self.ring[off:off + size] = src  # the one copy on this side
-            os.write(self.bell.wfd, b"\x01")
-            head, credits = head + 1, credits - 1
-        while credits < slots:  # every slot back before the next run
-            credits += len(os.read(self.ack.rfd, BELL_READ_MAX))
-
-    def recv_stream(self, dst: memoryview, count: int, copy_out: bool) -> None:
-        """copy_out=False reads in place: it checks the first and last byte of each message,
-        the way a consumer that wraps the slot as an array (np.frombuffer) costs nothing more."""
-        size, slots = len(dst), slots_for(len(dst))
-        tail = pending = done = 0
-        for _ in range(count):
-            if pending == 0:
-                if done:
-                    os.write(self.ack.wfd, b"\x01" * done)  # free the batch we copied
-                    done = 0
-                pending = len(os.read(self.bell.rfd, BELL_READ_MAX))
-            off = (tail % slots) * size
-            if copy_out:
-                dst[:] = self.ring[off:off + size]  # the one copy on this side
-            elif self.ring[off] != self.ring[off + size - 1]:
-                raise ValueError("a torn message in the shm ring")
-            tail, pending, done = tail + 1, pending - 1, done + 1
-        if done:
-            os.write(self.ack.wfd, b"\x01" * done)
-
-    def wait_flag(self, where: int, value: int) -> None:
-        spins, deadline = 0, time.monotonic() + SPIN_TIMEOUT_S
-        while self.flags[where] != value:
-            os.sched_yield()  # about 1 us; time.sleep(0) would cost about 60 us
-            spins += 1
-            if spins % SPIN_CHECK_EVERY == 0 and time.monotonic() > deadline:
-                raise TimeoutError(f"shm flag at {where} never became {value}: is the peer alive?")
-
-    def ping(self, src: memoryview, dst: memoryview, seq: int) -> None:
-        """Parent: payload into slot 0, raise the ping flag, spin until the pong flag answers."""
-        n = len(src)
-        self.ring[:n] = src
-        self.flags[PING] = seq  # x86 keeps stores in order; chapter 05 covers other CPUs
-        self.wait_flag(PONG, seq)
-        dst[:] = self.ring[n:2 * n]
-
-    def pong(self, buf: memoryview, seq: int) -> None:
-        n = len(buf)
-        self.wait_flag(PING, seq)
-        buf[:] = self.ring[:n]
-        self.ring[n:2 * n] = buf
-        self.flags[PONG] = seq
-
-
-def _seq(i: int) -> int:
-    return i % 255 + 1  # a flag byte: consecutive values differ and are never 0
-
-
 # --- the child ------------------------------------------------------------------------------
 def _child_channel(kind: str, ends: dict):
     if kind in ("pipe", "pipe_big"):
@@ -199,6 +122,7 @@ def peer_main(link, kind: str, ends: dict, ctrl: Connection) -> None:
             break
         mode, size, count = cmd
         view = memoryview(src)[:size] if size <= len(src) else memoryview(np.ones(size, np.uint8))
+        started = time.perf_counter()
         if mode == "bw" and kind.startswith("shm"):
             chan.send_stream(view, count)
         elif mode == "bw":
@@ -213,7 +137,7 @@ def peer_main(link, kind: str, ends: dict, ctrl: Connection) -> None:
             for _ in range(count):
                 chan.recv_into(buf)
                 chan.send(buf)
-        ctrl.send("done")
+        ctrl.send(("done", started))
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -222,7 +146,8 @@ class Transport:
 
     def __init__(self, kind: str, ready_timeout: float = 60.0):
         self.kind, self.pipe_size, self._closers = kind, None, []
-        ctrl_r, self.ctrl = multiprocessing.Pipe()  # commands down, "done" back
+        ctrl_r, self.ctrl = multiprocessing.Pipe()  # commands down, ("done", start) back
+        self.start_lags: list[float] = []  # seconds the sender took to begin each bandwidth run
         ends, self.chan = self._open(kind)
         try:
             self.child: ProcHandle = launch(peer_main, f"ipc-{kind}", args=(kind, ends, ctrl_r),
@@ -269,13 +194,16 @@ class Transport:
             self._closers += [lambda: os.close(bell_r), lambda: os.close(ack_w)]
             ends = {"name": self._shm.name, "bell": Connection(bell_w), "ack": Connection(ack_r)}
             ring = ShmRing(self._shm.buf, FdStream(bell_r, 0), FdStream(0, ack_w))
-            self._closers.insert(2, ring.flags.release)  # a view must go before close()
+            self._closers.insert(2, ring.release)  # a view must go before close()
             return ends, ring
         raise ValueError(f"unknown transport {kind!r}: choose pipe, pipe_big, unix, tcp, shm or "
                          "shm_copy")
 
     def bandwidth(self, dst: memoryview, count: int) -> float:
-        """Seconds to receive `count` messages of len(dst) bytes."""
+        """Seconds to receive `count` messages of len(dst) bytes, from the sender's start to
+        the last byte here. The command that starts a run is the bench's, not the transport's:
+        the time the sender took to wake for it (perf_counter is CLOCK_MONOTONIC, one clock
+        for both processes) is kept apart, in start_lags (chapter 05, section 4.7)."""
         start = time.perf_counter()
         self.ctrl.send(("bw", len(dst), count))
         if self.kind.startswith("shm"):
@@ -283,9 +211,10 @@ class Transport:
         else:
             for _ in range(count):
                 self.chan.recv_into(dst)
-        elapsed = time.perf_counter() - start
-        self._expect_done()
-        return elapsed
+        end = time.perf_counter()
+        sender_start = max(start, self._expect_done())
+        self.start_lags.append(sender_start - start)
+        return end - sender_start
 
     def round_trips(self, size: int, count: int) -> list[float]:
         """Seconds of each of `count` round trips of a `size`-byte message."""
@@ -305,9 +234,12 @@ class Transport:
         self._expect_done()
         return times
 
-    def _expect_done(self) -> None:
-        if not self.ctrl.poll(SPIN_TIMEOUT_S) or self.ctrl.recv() != "done":
+    def _expect_done(self) -> float:
+        """The sender's perf_counter() when it began the run."""
+        reply = self.ctrl.recv() if self.ctrl.poll(SPIN_TIMEOUT_S) else None
+        if not (isinstance(reply, tuple) and reply[0] == "done"):
             raise RuntimeError(f"the {self.kind} sender did not finish its run")
+        return reply[1]
 
     def close(self) -> None:
         child = getattr(self, "child", None)

@@ -4,16 +4,21 @@ processes, against memcpy in one process, on this machine, in one run.
     minivllm bench ipc [--quick] [--json FILE] [--plot FILE]
 
 Bandwidth: one child sends `count` messages of each size, the parent receives them; the
-median of REPEATS runs. memcpy is the limit: the same bytes copied once, into a private ring
+median of REPEATS runs, each timed from the sender's start to the last byte received (the
+time the sender took to wake for the bench's command is the row's start_lag_ms). memcpy is the limit: the same bytes copied once, into a private ring
 as large as the shm ring, in one process (exactly the shm sender's copy, without a receiver),
 sampled between the transports; its median is over those samples.
 Latency: round trips of a 64-byte message, p50 and p99. Context switches and CPU time are
 both processes' (psutil), summed over the runs of a point. The ratios compare each
-transport with memcpy at RATIO_SIZE, measured side by side.
+transport with memcpy at RATIO_SIZE, measured side by side: REPEATS rounds of memcpy,
+the transport twice, memcpy again; each ratio is the median of its rounds' ratios, printed with
+their spread (KEY_spread in the JSON: half the range over the median).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import statistics
 import time
 from typing import Any
@@ -21,7 +26,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
+from minivllm.bench.common import (bench_parser, percentile, print_table, quick_mode, spread,
+                                   write_json)
 from minivllm.bench._ipc_transports import COPIES_PER_BYTE, RING_BYTES, Transport, slots_for
 from minivllm.utils.progress import tqdm
 
@@ -68,6 +74,24 @@ def _latency_row(transport: str, times: list[float]) -> dict:
             "p50_us": percentile(us, 50), "p99_us": percentile(us, 99)}
 
 
+def private_ring(nbytes: int) -> memoryview:
+    """Memory of this process alone, faulted in, in 4 KiB pages, and kept out of every child
+    we fork: the shm ring's kind of memory, so that memcpy is the sender's copy exactly.
+
+    Prefaulted, like the shm ring (np.zeros would not be: calloc leaves its pages unmapped
+    until the first write). A plain mmap, not numpy: numpy asks for 2 MiB pages for large
+    arrays (madvise), which the shm segment does not get (tmpfs, shmem_enabled); chapter 05
+    measures what the page size is worth. MADV_DONTFORK, because each transport forks its sender: a page
+    the child shares becomes copy-on-write, and the next memcpy sample took a fault on each of
+    its 16,384 pages (54 ms instead of 7 at 1 MiB), inflating that round's ratio 7x."""
+    ring = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_DONTFORK"):  # Linux
+        ring.madvise(mmap.MADV_DONTFORK)
+    view = memoryview(ring)
+    np.frombuffer(view, np.uint8)[:] = 1
+    return view
+
+
 class MemcpySampler:
     """memcpy into a private ring as large as the shm ring, sampled once before the first
     transport and again after each one: on a shared machine a load spike then hits a few
@@ -75,7 +99,7 @@ class MemcpySampler:
 
     def __init__(self, sizes: list[int], quick: bool):
         self.sizes, self.quick = sizes, quick
-        self.ring = memoryview(np.zeros(RING_BYTES, np.uint8))  # prefaulted, like the shm ring
+        self.ring = private_ring(RING_BYTES)
         self.src = memoryview(np.full(max(sizes), 7, np.uint8))
         self.me = [psutil.Process()]
         self.times: dict[int, list[float]] = {s: [] for s in sizes}
@@ -83,13 +107,22 @@ class MemcpySampler:
 
     def sample(self) -> None:
         for size in self.sizes:
-            count, slots, piece = messages_for(size, self.quick), slots_for(size), self.src[:size]
-            before, start = _counters(self.me), time.perf_counter()
-            for i in range(count):
-                off = (i % slots) * size
-                self.ring[off:off + size] = piece
-            self.times[size].append(time.perf_counter() - start)
-            self.counters[size] += _counters(self.me) - before
+            self.time_one(size)
+
+    def time_one(self, size: int) -> float:
+        """One sample at `size`: seconds to copy messages_for(size) messages into the ring."""
+        before, start = _counters(self.me), time.perf_counter()
+        self.copy(size)
+        seconds = time.perf_counter() - start
+        self.times[size].append(seconds)
+        self.counters[size] += _counters(self.me) - before
+        return seconds
+
+    def copy(self, size: int) -> None:
+        count, slots, piece = messages_for(size, self.quick), slots_for(size), self.src[:size]
+        for i in range(count):
+            off = (i % slots) * size
+            self.ring[off:off + size] = piece
 
     def rows(self) -> list[dict]:
         rows = [_row("memcpy", s, messages_for(s, self.quick), self.times[s], self.counters[s])
@@ -104,16 +137,24 @@ class MemcpySampler:
         return rows + [_latency_row("memcpy", times)]
 
 
-def measure_transport(kind: str, sizes: list[int], quick: bool, bar) -> list[dict]:
+def measure_transport(kind: str, sizes: list[int], quick: bool, bar,
+                      memcpy: MemcpySampler | None = None) -> list[dict]:
+    """Bandwidth at each size and the round-trip latency; at RATIO_SIZE, with `memcpy` given,
+    the runs come in rounds against memcpy (_rounds)."""
     rows = []
     with Transport(kind) as t:
         procs = [psutil.Process(), psutil.Process(t.child.pid)]
         for size in sizes:
             count, dst = messages_for(size, quick), memoryview(np.zeros(size, np.uint8))
             t.bandwidth(dst, min(count, MIN_MESSAGES))  # warm up: first touches, slow start
-            before = _counters(procs)
-            times = [t.bandwidth(dst, count) for _ in range(REPEATS[quick])]
-            extra = {"pipe_size": t.pipe_size} if t.pipe_size else {}
+            before, extra, lags = _counters(procs), {}, len(t.start_lags)
+            if memcpy is not None and size == RATIO_SIZE:
+                times, extra["vs_memcpy_rounds"] = _rounds(t, dst, count, quick, memcpy)
+            else:
+                times = [t.bandwidth(dst, count) for _ in range(REPEATS[quick])]
+            extra["start_lag_ms"] = statistics.median(t.start_lags[lags:]) * 1e3
+            if t.pipe_size:
+                extra["pipe_size"] = t.pipe_size
             rows.append(_row(kind, size, count, times, _counters(procs) - before, **extra))
             bar.update()
         t.round_trips(RTT_SIZE, 10)  # warm up
@@ -122,11 +163,40 @@ def measure_transport(kind: str, sizes: list[int], quick: bool, bar) -> list[dic
     return rows
 
 
+def _rounds(t: Transport, dst: memoryview, count: int, quick: bool,
+            memcpy: MemcpySampler) -> tuple[list[float], list[float]]:
+    """REPEATS rounds of memcpy, transport, transport, memcpy (a steady drift in the machine's
+    speed cancels): each round's ratio is memcpy's seconds over the transport's. A burst of
+    load from another program then moves both sides of one round, not one side of all."""
+    size, times, ratios = len(dst), [], []
+    memcpy.copy(size)  # warm up, as the transport was: the ring's lines in this core's caches
+    for _ in range(REPEATS[quick]):
+        limit = memcpy.time_one(size)
+        pair = [t.bandwidth(dst, count), t.bandwidth(dst, count)]
+        limit += memcpy.time_one(size)
+        times += pair
+        ratios.append(limit / sum(pair))
+    return times, ratios
+
+
 def ratios_of(rows: list[dict], size: int = RATIO_SIZE) -> dict[str, float]:
-    bw = {r["transport"]: r["gbps"] for r in rows if r["metric"] == "bandwidth" and r["size"] == size}
-    if "memcpy" not in bw:
+    """Each transport's bandwidth over memcpy's at `size`: the median of its interleaved rounds'
+    ratios where the row has them (with KEY_spread, half their range over the median), else
+    the ratio of the two medians."""
+    at = {r["transport"]: r for r in rows if r["metric"] == "bandwidth" and r["size"] == size}
+    if "memcpy" not in at:
         return {}
-    return {f"{t}_vs_memcpy": bw[t] / bw["memcpy"] for t in TRANSPORTS if t in bw}
+    ratios = {}
+    for t in TRANSPORTS:
+        if t not in at:
+            continue
+        rounds = at[t].get("vs_memcpy_rounds")
+        if rounds:
+            ratios[f"{t}_vs_memcpy"] = statistics.median(rounds)
+            ratios[f"{t}_vs_memcpy_spread"] = spread(rounds)
+        else:
+            ratios[f"{t}_vs_memcpy"] = at[t]["gbps"] / at["memcpy"]["gbps"]
+    return ratios
 
 
 def run(quick: bool | None = None, sizes: list[int] | None = None,
@@ -142,10 +212,10 @@ def run(quick: bool | None = None, sizes: list[int] | None = None,
         bar.update(len(sizes) + 1)
         for kind in transports:
             bar.set_postfix_str(kind)
-            rows += measure_transport(kind, sizes, quick, bar)
+            rows += measure_transport(kind, sizes, quick, bar, memcpy)
             memcpy.sample()
         rows = memcpy.rows() + rows
-    return {"results": rows, "ratios": ratios_of(rows)}
+    return {"results": rows, "ratios": ratios_of(rows), "quick": quick}
 
 
 def fmt_size(n: int) -> str:
@@ -192,14 +262,22 @@ def print_report(record: dict) -> None:
         row = {"transport": n, "copies/byte": COPIES_PER_BYTE[n]}
         if n in at:
             r, mib = at[n], at[n]["bytes"] * at[n]["runs"] / 2**20
-            row.update({"GB/s @1MiB": r["gbps"], "x memcpy": r["gbps"] / at["memcpy"]["gbps"],
+            ratio = record["ratios"].get(f"{n}_vs_memcpy", r["gbps"] / at["memcpy"]["gbps"])
+            row.update({"GB/s @1MiB": r["gbps"], "x memcpy": ratio,
+                        "+-": record["ratios"].get(f"{n}_vs_memcpy_spread", ""),
+                        "start lag ms": r.get("start_lag_ms", ""),
                         "vol cs/MiB": r["vol_cs"] / mib, "invol cs/MiB": r["invol_cs"] / mib,
                         "CPU s/GB": r["cpu_s_per_gb"]})
         if n in lat:
             row.update({"rtt p50 us": lat[n]["p50_us"], "rtt p99 us": lat[n]["p99_us"]})
         summary.append(row)
-    print(f"\nsummary (ratios measured in this run; context switches of both processes):")
-    print_table(summary, ["transport", "GB/s @1MiB", "x memcpy", "rtt p50 us", "rtt p99 us",
+    print(f"\nsummary (x memcpy: the median of {REPEATS[record.get('quick', False)]} rounds of "
+          f"memcpy, transport, transport, memcpy; +-: their spread, half the range over the "
+          f"median; start lag: the sender's wake-up for the command, not timed; context "
+          f"switches of both processes; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}):")
+    print_table(summary, ["transport", "GB/s @1MiB", "x memcpy", "+-", "start lag ms",
+                          "rtt p50 us", "rtt p99 us",
                           "copies/byte", "vol cs/MiB", "invol cs/MiB"])
 
 
