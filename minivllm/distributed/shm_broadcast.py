@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from minivllm import envs
 from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
@@ -43,8 +44,8 @@ READY = b"READY"
 # HEARTBEAT_TIMEOUT_MS of silence, so a vanished host (no FIN ever comes) shows up as a
 # disconnect (distributed/peer_watch.py). libzmq's I/O thread answers, not Python: a busy
 # peer still answers within a millisecond, so 3 s of silence means the link or host is gone.
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 3000
+# MINIVLLM_HEARTBEAT_INTERVAL_MS and MINIVLLM_HEARTBEAT_TIMEOUT_MS set them (envs.py).
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = envs.heartbeat_ms()
 # Bound once: enqueue runs once per message (a global and an attribute lookup saved).
 _pack_into = message_chunk.pack_into
 _OVERFLOWED = message_chunk.OVERFLOWED

@@ -41,8 +41,9 @@ def start_node_workers(config: EngineConfig, broadcast_handle: Handle | None) ->
     ready message maps ranks to reply Handles. One node: the group meets on a free loopback
     port. Several: at master_addr:master_port, and a worker is ready only once every node's
     workers joined, so the other nodes have MULTINODE_READY_TIMEOUT_S to start."""
-    local, first = config.local_world_size, config.node_rank * config.local_world_size
-    if config.nnodes > 1:
+    local = config.local_world_size
+    first = config.node_rank_within_dp * local
+    if config.nnodes_within_dp > 1:
         init_method = f"tcp://{config.master_addr}:{config.master_port}"
         ready_timeout = MULTINODE_READY_TIMEOUT_S
     else:
@@ -59,10 +60,11 @@ def start_node_workers(config: EngineConfig, broadcast_handle: Handle | None) ->
 def run_headless(config: EngineConfig) -> int:
     """Start this node's workers and wait until they end or SIGTERM/SIGINT comes; 0 when
     they ended because the leader went away or a signal asked, 1 when one died on its own."""
-    if config.nnodes < 2 or config.node_rank < 1:
+    if config.nnodes_within_dp < 2 or config.node_rank_within_dp < 1:
         raise ValueError("a headless node is one of the other nodes of a multi-node group: "
                          f"give nnodes >= 2 and node_rank >= 1 (got nnodes={config.nnodes}, "
-                         f"node_rank={config.node_rank})")
+                         f"node_rank={config.node_rank}, {config.nnodes_within_dp} node(s) "
+                         "per DP replica)")
     stop_r, stop_w = os.pipe()
     started = False
 
