@@ -27,7 +27,7 @@ from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.zmq import ipc_address
+from minivllm.utils.zmq import ipc_address, tcp_address
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
 # WRITER_MAX_SLEEP_S. A full ring means the readers are behind: a sleeping writer gives them
@@ -90,7 +90,7 @@ class MessageQueue:
             self._ipc_files.append(handle.local_notify_addr[len("ipc://"):])
             self._sockets += [self.local_socket, self.notify_socket]
         if self.n_remote_reader:
-            self.remote_socket = self._xpub(f"tcp://{connect_ip or '127.0.0.1'}:0")
+            self.remote_socket = self._xpub(tcp_address(connect_ip or "127.0.0.1", 0))
             handle.remote_subscribe_addr = self.remote_socket.getsockopt(zmq.LAST_ENDPOINT).decode()
             self._sockets.append(self.remote_socket)
         self.handle = handle
@@ -135,6 +135,7 @@ class MessageQueue:
         sock = self.context.socket(zmq.XPUB)
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, not only the first
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: the ring bounds what is in flight
+        sock.setsockopt(zmq.IPV6, address.startswith("tcp://["))  # VLLM_HOST_IP may be IPv6
         sock.bind(address)
         if address.startswith("ipc://"):
             self._ipc_files.append(address[len("ipc://"):])
@@ -144,6 +145,7 @@ class MessageQueue:
         sock = self.context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.IPV6, address.startswith("tcp://["))
         if address.startswith("tcp://"):
             sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)

@@ -290,7 +290,8 @@ def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: i
     with shared_metrics_dir():
         try:
             for i in range(count):  # tcp: each gets a duplicate of its listening sockets
-                client = addresses.for_client(i, listeners=engine_manager.client_listeners(i))
+                client = addresses.for_client(i, engine_manager.pids,  # watched by pidfd
+                                              engine_manager.client_listeners(i))
                 servers.append(launch(api_server_proc, f"APIServer_{i}",
                                       args=(args, sock, client, i), context=spawn,
                                       ready_timeout=API_SERVER_READY_TIMEOUT_S))
