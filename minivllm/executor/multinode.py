@@ -31,21 +31,19 @@ from minivllm.worker.worker_proc import READY_TIMEOUT_S, worker_main
 
 logger = logging.getLogger(__name__)
 
-# Across nodes a worker is ready once all nodes joined the group: gloo's rendezvous waits
-# parallel_state.COLLECTIVE_TIMEOUT (60 s) for the rest; this covers it and the model load.
-MULTINODE_READY_TIMEOUT_S = 120.0
-
 
 def start_node_workers(config: EngineConfig, broadcast_handle: Handle | None) -> list[ProcHandle]:
     """This node's workers (ranks node_rank * L .. + L-1), started side by side; each one's
     ready message maps ranks to reply Handles. One node: the group meets on a free loopback
     port. Several: at master_addr:master_port, and a worker is ready only once every node's
-    workers joined, so the other nodes have MULTINODE_READY_TIMEOUT_S to start."""
+    workers joined. The start window is the rendezvous: every node must join within
+    --distributed-timeout-seconds (60 s by default), or the group fails on the nodes that
+    came (tests/test_failure_timing.py); the ready wait covers that and the model load."""
     local = config.local_world_size
     first = config.node_rank_within_dp * local
     if config.nnodes_within_dp > 1:
         init_method = f"tcp://{config.master_addr}:{config.master_port}"
-        ready_timeout = MULTINODE_READY_TIMEOUT_S
+        ready_timeout = config.collective_timeout_s + READY_TIMEOUT_S
     else:
         init_method, ready_timeout = f"tcp://127.0.0.1:{get_open_port()}", READY_TIMEOUT_S
     context = worker_mp_context()
