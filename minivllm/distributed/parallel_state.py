@@ -23,11 +23,10 @@ import torch
 import torch.distributed as dist
 
 from minivllm import envs
-
 # A rendezvous or collective that waits this long for a peer means the peer is gone, stuck,
 # or was never started: gloo raises instead of hanging for its default 30 minutes. The
 # default of --distributed-timeout-seconds (EngineConfig.distributed_timeout_seconds).
-COLLECTIVE_TIMEOUT_S = 60.0
+from minivllm.engine.config import DEFAULT_DISTRIBUTED_TIMEOUT_S as COLLECTIVE_TIMEOUT_S
 
 
 @dataclass

@@ -213,7 +213,8 @@ class EngineConfig:
     @property
     def data_parallel_multinode(self) -> bool:
         """Some engine cores run on other nodes and talk to this front end over tcp."""
-        return self.data_parallel_size_local < self.data_parallel_size and not self.local_engines_only
+        return (self.data_parallel_size_local < self.data_parallel_size
+                and not self.local_engines_only)
 
     @property
     def local_engines_only(self) -> bool:
