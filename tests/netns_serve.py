@@ -19,7 +19,7 @@ from minivllm.utils.netns_cluster import NetnsCluster
 HERE = os.path.dirname(__file__)
 HTTP_PORT = 8000  # each cluster has its own network: nobody else holds it
 DEAD_WITHIN_S = 60.0  # a hang check; the measured delay is printed
-RUN_TIMEOUT_S = 600.0  # a hang check: start-up (the driver waits up to 300 s for /health) + the run
+RUN_TIMEOUT_S = 840.0  # a hang check: start-up (the driver waits up to 540 s for /health) + the run
 
 
 def serve(c: NetnsCluster, host: int, model: str, *flags: str,
