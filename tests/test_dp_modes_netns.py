@@ -33,7 +33,12 @@ def test_nnodes_2_over_dp2_x_tp2_serves_64_streams_and_a_remote_rank_kill_9_give
         node = serve(c, 1, tiny_dir_tp2, *nodes, "--node-rank", "1", "--headless")
         # vLLM's default: -dp 2 API servers, each adopting its listening tcp sockets
         server = serve(c, 0, tiny_dir_tp2, *nodes, "--node-rank", "0", *api_flags(c, 0))
-        assert streams_report(streams(c, 1, url(c, 0), tiny_dir_tp2, STREAMS)) == DONE
+        report = streams_report(streams(c, 1, url(c, 0), tiny_dir_tp2, STREAMS))
+        if report != DONE:  # say why: the servers' own words
+            for proc in (server, node):
+                proc.kill()
+            pytest.fail(f"{report}\nleader: {server.communicate()[0][-3000:]}\n"
+                        f"node 1: {node.communicate()[0][-3000:]}")
         health = kill_and_probe(c, url(c, 0), node.pid, "Worker_TP1", probe_host=1)
         out = server.communicate(timeout=60)[0]
         node_out = node.communicate(timeout=60)[0]
