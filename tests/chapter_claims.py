@@ -161,5 +161,11 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"(ip link set h1 down|SIGSTOP of the remote process).*: detected after \d+ ms",
          "a silent remote host is detected (by heartbeats)"),
         (r"processes left: \[\]", "nothing is left behind"),
+        (r"internal node 1: engines \[2, 3\], no API server",
+         "--nnodes places the DP ranks of a headless node from its node rank"),
+        (r"hybrid   node 1: engines \[2, 3\], 2 API server\(s\) for DP ranks \[2, 3\]",
+         "hybrid load balancing: an API server on every node for its own engines"),
+        (r"external node 1: engines \[1\], 1 API server\(s\) for DP ranks \[1\]",
+         "external load balancing: one engine per API server"),
     ],
 }

@@ -45,6 +45,12 @@ def tiny_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_dir_tp2(tmp_path_factory) -> str:
+    """The tiny model with 2 KV heads: tensor parallelism splits it 2 ways."""
+    return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_tp2")), num_kv_heads=2)
+
+
+@pytest.fixture(scope="session")
 def one_host_tp3_tokens() -> list[int]:
     """Greedy tokens of tests/multinode_driver.py's QUESTION from TP=3 on one host (mp
     backend: shm ring, loopback gloo): what every cross-host run (mp or Ray) must give.

@@ -14,7 +14,7 @@ import time
 import openai
 from multinode_driver import status
 
-HEALTH_TIMEOUT_S = 300.0
+HEALTH_TIMEOUT_S = 540.0  # start-up on a busy machine: minutes when several runs share 2 cores
 
 
 async def one_stream(client: openai.AsyncOpenAI, model: str, i: int) -> str | None:

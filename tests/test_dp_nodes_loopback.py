@@ -113,8 +113,7 @@ def test_a_headless_dp_node_without_its_leader_exits_clean_on_sigterm(tiny_dir):
     (dict(data_parallel_size=2, data_parallel_size_local=1, data_parallel_start_rank=2),
      r"use a start rank in 0..1"),
     (dict(data_parallel_size=2, data_parallel_rpc_port=0), "must be a TCP port"),
-    (dict(data_parallel_size=3, data_parallel_size_local=1, tensor_parallel_size=3, nnodes=3),
-     "not both"),
+    (dict(data_parallel_size=2, tensor_parallel_size=3, nnodes=3), "whole DP replicas"),
 ])
 def test_bad_dp_node_flags_say_what_works(tiny_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -122,8 +121,7 @@ def test_bad_dp_node_flags_say_what_works(tiny_dir, kwargs, message):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["-dp", "2", "--data-parallel-size-local", "1", "--data-parallel-start-rank", "1"],
-     "add --headless"),
+    (["-dp", "2", "--nnodes", "2", "--node-rank", "1"], "add --headless"),
     (["--headless", "-dp", "2"], "a headless node runs the TP workers"),
     (["--headless", "-dp", "2", "-dpl", "1", "-dpr", "1", "--api-server-count", "2"],
      "runs no API server"),

@@ -40,10 +40,11 @@ def tiny_tokenizer(vocab_size: int = 384) -> HFTokenizer:
     return tok
 
 
-def tiny_config(vocab_size: int, eos_token_id: int) -> ModelConfig:
-    # 6 heads, 3 KV heads and an MLP of 192: tensor parallelism can split it 3 ways
+def tiny_config(vocab_size: int, eos_token_id: int, num_kv_heads: int = 3) -> ModelConfig:
+    # 6 heads, 3 KV heads and an MLP of 192: tensor parallelism can split it 3 ways (with
+    # num_kv_heads=2, 2 ways)
     return ModelConfig(vocab_size=vocab_size, hidden_size=96, intermediate_size=192,
-                       num_layers=2, num_heads=6, num_kv_heads=3, head_dim=16,
+                       num_layers=2, num_heads=6, num_kv_heads=num_kv_heads, head_dim=16,
                        rms_norm_eps=1e-5, rope_theta=10000.0, max_position=1024,
                        tie_word_embeddings=True, bos_token_id=1, eos_token_id=eos_token_id)
 
@@ -74,11 +75,11 @@ def tiny_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return w
 
 
-def make_tiny_model_dir(path: str, seed: int = 0) -> str:
+def make_tiny_model_dir(path: str, seed: int = 0, num_kv_heads: int = 3) -> str:
     """Write the tiny model as a HF directory at `path` and return the path."""
     os.makedirs(path, exist_ok=True)
     tok = tiny_tokenizer()
-    config = tiny_config(tok.get_vocab_size(), tok.token_to_id("<|im_end|>"))
+    config = tiny_config(tok.get_vocab_size(), tok.token_to_id("<|im_end|>"), num_kv_heads)
     save_file(tiny_weights(config, seed), os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config.to_hf(), f, indent=2)

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# A collective that waits this long for a peer means the peer is gone or stuck: gloo raises
-# instead of hanging for its default 30 minutes (the executor sees the dead peer sooner).
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+from minivllm import envs
+# A rendezvous or collective that waits this long for a peer means the peer is gone, stuck,
+# or was never started: gloo raises instead of hanging for its default 30 minutes. The
+# default of --distributed-timeout-seconds (EngineConfig.distributed_timeout_seconds).
+from minivllm.engine.config import DEFAULT_DISTRIBUTED_TIMEOUT_S as COLLECTIVE_TIMEOUT_S
 
 
 @dataclass
@@ -70,25 +72,33 @@ def get_open_port() -> int:
 
 
 def local_ip_toward(address: str) -> str:
-    """This host's IPv4 address on the route to `address` (no packet is sent: a UDP connect
-    only asks the kernel's routing table). What the other nodes can reach this one at."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    """This host's address (IPv4 or IPv6, as `address`) on the route to `address` (no packet
+    is sent: a UDP connect only asks the kernel's routing table)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((address, 9))
         return s.getsockname()[0]
+
+
+def advertised_ip(toward: str) -> str:
+    """The address the other nodes reach this one at: VLLM_HOST_IP when set (vLLM's get_ip,
+    vllm/utils/network_utils.py:52-64), else this host's address on the route to `toward`."""
+    return envs.host_ip() or local_ip_toward(toward)
 
 
 def interface_of(ip: str) -> str:
     """The network interface that holds `ip`: where gloo must listen for the other nodes."""
     import psutil
     for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+        if any(a.family in (socket.AF_INET, socket.AF_INET6) and a.address.split("%")[0] == ip
+               for a in addrs):
             return name
     raise RuntimeError(f"no network interface holds {ip}: is the address right?")
 
 
 def init_distributed_environment(rank: int, world_size: int, init_method: str,
-                                 backend: str | None = None, local_ip: str | None = None
-                                 ) -> TPGroup:
+                                 backend: str | None = None, local_ip: str | None = None,
+                                 timeout_s: float = COLLECTIVE_TIMEOUT_S) -> TPGroup:
     """Join the group of world_size ranks (rank 0 hosts the rendezvous at init_method).
     Across nodes, local_ip is this node's address toward the master: gloo listens on its
     interface (otherwise gloo takes the hostname's address, often 127.0.0.1, which the other
@@ -98,8 +108,16 @@ def init_distributed_environment(rank: int, world_size: int, init_method: str,
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local_ip))
     if world_size > 1:
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                    world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, dist.DistStoreError) as e:  # torch's rendezvous timeout
+            raise TimeoutError(
+                f"rank {rank}: the process group at {init_method} did not gather its "
+                f"{world_size} ranks within {timeout_s:g} s (--distributed-timeout-seconds): "
+                "start every node within that window, and check that this node reaches the "
+                f"address ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
     _TP = TPGroup(rank, world_size)
     return _TP
 

@@ -22,11 +22,12 @@ from typing import Any
 
 import zmq
 
+from minivllm import envs
 from minivllm.distributed import message_chunk
 from minivllm.distributed.shm_ring import NOT_READY, ShmRingBuffer
 from minivllm.distributed.spin_condition import BUSY_LOOP_S, SpinCondition, notify_socket
 from minivllm.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
-from minivllm.utils.zmq import ipc_address
+from minivllm.utils.zmq import ipc_address, tcp_address
 
 # A writer that finds the ring full spins this long, then sleeps with a growing pause up to
 # WRITER_MAX_SLEEP_S. A full ring means the readers are behind: a sleeping writer gives them
@@ -43,8 +44,8 @@ READY = b"READY"
 # HEARTBEAT_TIMEOUT_MS of silence, so a vanished host (no FIN ever comes) shows up as a
 # disconnect (distributed/peer_watch.py). libzmq's I/O thread answers, not Python: a busy
 # peer still answers within a millisecond, so 3 s of silence means the link or host is gone.
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 3000
+# MINIVLLM_HEARTBEAT_INTERVAL_MS and MINIVLLM_HEARTBEAT_TIMEOUT_MS set them (envs.py).
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = envs.heartbeat_ms()
 # Bound once: enqueue runs once per message (a global and an attribute lookup saved).
 _pack_into = message_chunk.pack_into
 _OVERFLOWED = message_chunk.OVERFLOWED
@@ -89,7 +90,7 @@ class MessageQueue:
             self._ipc_files.append(handle.local_notify_addr[len("ipc://"):])
             self._sockets += [self.local_socket, self.notify_socket]
         if self.n_remote_reader:
-            self.remote_socket = self._xpub(f"tcp://{connect_ip or '127.0.0.1'}:0")
+            self.remote_socket = self._xpub(tcp_address(connect_ip or "127.0.0.1", 0))
             handle.remote_subscribe_addr = self.remote_socket.getsockopt(zmq.LAST_ENDPOINT).decode()
             self._sockets.append(self.remote_socket)
         self.handle = handle
@@ -134,6 +135,7 @@ class MessageQueue:
         sock = self.context.socket(zmq.XPUB)
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, not only the first
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: the ring bounds what is in flight
+        sock.setsockopt(zmq.IPV6, address.startswith("tcp://["))  # VLLM_HOST_IP may be IPv6
         sock.bind(address)
         if address.startswith("ipc://"):
             self._ipc_files.append(address[len("ipc://"):])
@@ -143,6 +145,7 @@ class MessageQueue:
         sock = self.context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.IPV6, address.startswith("tcp://["))
         if address.startswith("tcp://"):
             sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from minivllm.engine.dp_nodes import resolve_dp_layout
 from minivllm.model.config import (ModelConfig, check_quantization, check_tensor_parallel_size,
                                    kv_bytes_per_token, load_config)
 from minivllm.model.paths import default_model_path
@@ -22,6 +23,7 @@ DTYPES = {"float32": 4, "bfloat16": 2}  # bytes an element; torch is imported on
 # the model's dtype; the others store keys and values in 2 bytes, widened back when read
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
 ITEMSIZE = {**DTYPES, "float16": 2}  # bytes an element of the model or the KV cache
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 60.0  # the group's rendezvous and collectives, when not set
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # SmolLM2-135M in float32: 46 KiB a token, so ~11k tokens
 
 
@@ -72,14 +74,27 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501  # vLLM's default
+    # The process group's rendezvous and collectives give up after this (vLLM's
+    # --distributed-timeout-seconds, ParallelConfig.distributed_timeout_seconds): also the
+    # window in which every node must join a multi-node group. None: 60 s here (vLLM: torch's
+    # default, 10 min for NCCL, 30 min for gloo)
+    distributed_timeout_seconds: int | None = None
     # Data-parallel engine cores on several nodes (vLLM: vllm/engine/arg_utils.py (EngineArgs)).
     # This node runs DP ranks start_rank .. start_rank + size_local - 1; the leader (start rank
     # 0) also runs the front end, whose handshake ROUTER listens at address:rpc_port, where the
-    # other nodes' engines (`minivllm serve --headless`) say HELLO over tcp.
+    # other nodes' engines (`minivllm serve --headless`) say HELLO over tcp. With nnodes > 1
+    # and data_parallel_size > 1, nnodes spans the whole DP x TP deployment and size_local
+    # and start_rank follow from node_rank, as in vLLM (dp_nodes.py).
     data_parallel_size_local: int | None = None  # None: every engine on this node
-    data_parallel_start_rank: int = 0
-    data_parallel_address: str = "127.0.0.1"  # the leader's address, as every node reaches it
+    data_parallel_start_rank: int | None = None  # None: 0, or from node_rank
+    data_parallel_address: str | None = None  # None: master_addr (vLLM's default too)
     data_parallel_rpc_port: int = 29550  # vLLM's default
+    # How requests reach the engines (dp_nodes.py): internal (one front end on the leader for
+    # every engine), hybrid (a front end on every node, for its own engines) or external
+    # (one engine per front end, balanced by something outside)
+    data_parallel_hybrid_lb: bool = False
+    data_parallel_external_lb: bool = False
+    data_parallel_rank: int | None = None  # vLLM's -dpn: this front end's one engine (external)
     model_config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +181,7 @@ class EngineConfig:
         if n < 1 or not 0 <= self.node_rank < n:
             raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got nnodes={n}, "
                              f"node_rank={self.node_rank}")
-        if tp % n:
+        if tp % n and self.data_parallel_size == 1:  # DP x TP: dp_nodes.resolve_dp_layout
             works = [d for d in range(1, tp + 1) if tp % d == 0]
             raise ValueError(f"tensor_parallel_size {tp} cannot be split evenly over nnodes={n}: "
                              f"use nnodes in {works}, or a tensor_parallel_size divisible by {n}")
@@ -179,8 +194,7 @@ class EngineConfig:
 
     def _check_dp_nodes(self) -> None:
         dp = self.data_parallel_size
-        if self.data_parallel_size_local is None:
-            self.data_parallel_size_local = dp - self.data_parallel_start_rank
+        resolve_dp_layout(self)
         local, start = self.data_parallel_size_local, self.data_parallel_start_rank
         if not 1 <= local <= dp:
             raise ValueError(f"data_parallel_size_local must be in 1..data_parallel_size "
@@ -192,20 +206,47 @@ class EngineConfig:
         if not 0 < self.data_parallel_rpc_port < 65536:
             raise ValueError("data_parallel_rpc_port must be a TCP port (1-65535), got "
                              f"{self.data_parallel_rpc_port}")
-        if self.data_parallel_multinode and self.nnodes > 1:
-            raise ValueError("minivllm runs data-parallel engines on several nodes, or tensor "
-                             "parallelism over several nodes, not both: set nnodes=1 or "
-                             "data_parallel_size_local=data_parallel_size")
+        if self.distributed_timeout_seconds is not None and self.distributed_timeout_seconds <= 0:
+            raise ValueError("distributed_timeout_seconds must be positive, got "
+                             f"{self.distributed_timeout_seconds}")
 
     @property
     def data_parallel_multinode(self) -> bool:
-        """Some engine cores run on other nodes: the engines reach the front end over tcp."""
-        return self.data_parallel_size_local < self.data_parallel_size
+        """Some engine cores run on other nodes and talk to this front end over tcp."""
+        return (self.data_parallel_size_local < self.data_parallel_size
+                and not self.local_engines_only)
+
+    @property
+    def local_engines_only(self) -> bool:
+        """The front end serves this node's engines alone (hybrid or external load balancing;
+        vLLM: ParallelConfig.local_engines_only)."""
+        return self.data_parallel_hybrid_lb or self.data_parallel_external_lb
+
+    @property
+    def client_engine_ranks(self) -> range:
+        """The DP ranks a front end on this node sends requests to."""
+        if self.local_engines_only:
+            return range(self.data_parallel_start_rank,
+                         self.data_parallel_start_rank + self.data_parallel_size_local)
+        return range(self.data_parallel_size)
+
+    @property
+    def nnodes_within_dp(self) -> int:
+        """The nodes one DP replica's TP ranks span (vLLM: ParallelConfig.nnodes_within_dp)."""
+        return max(self.nnodes * self.data_parallel_size_local // self.data_parallel_size, 1)
+
+    @property
+    def node_rank_within_dp(self) -> int:
+        return self.node_rank % self.nnodes_within_dp
 
     @property
     def local_world_size(self) -> int:
         """The TP ranks on each node (vLLM: ParallelConfig.local_world_size)."""
-        return self.tensor_parallel_size // self.nnodes
+        return self.tensor_parallel_size // self.nnodes_within_dp
+
+    @property
+    def collective_timeout_s(self) -> float:
+        return float(self.distributed_timeout_seconds or DEFAULT_DISTRIBUTED_TIMEOUT_S)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

@@ -117,24 +117,27 @@ class MPClient(EngineCoreClient):
             if client_addresses is None:
                 self.engine_manager, addresses = launch_core_engines(config)
                 self.resources.engine_manager = self.engine_manager
-                input_address, output_address = addresses.inputs[0], addresses.outputs[0]
+                client_addresses = addresses.for_client(
+                    0, listeners=self.engine_manager.client_listeners(0))
                 watch = self.engine_manager.sentinels
             else:
-                input_address = client_addresses.input_address
-                output_address = client_addresses.output_address
                 watch = [os.pidfd_open(p) for p in client_addresses.engine_pids]
                 self.resources.owned_fds = watch
+            input_address = client_addresses.input_address
+            listen_in, listen_out = client_addresses.listeners or (None, None)
             remote = input_address.startswith("tcp://")  # engines on other nodes, maybe
             self.input_socket = self.resources.input_socket = make_zmq_socket(
                 ctx, input_address, zmq.ROUTER, bind=True, linger=0,
-                heartbeat=HEARTBEAT if remote else None)
+                heartbeat=HEARTBEAT if remote else None, listener=listen_in)
             self.output_socket = self.resources.output_socket = make_zmq_socket(
-                ctx, output_address, zmq.PULL, bind=True, linger=0)
-            self.ready_responses = self._wait_for_engines(config.data_parallel_size)
+                ctx, client_addresses.output_address, zmq.PULL, bind=True, linger=0,
+                listener=listen_out)
+            ranks = config.client_engine_ranks  # all DP ranks, or this node's (hybrid, external)
+            self.ready_responses = self._wait_for_engines(ranks)
         except BaseException:
             self._finalizer()
             raise
-        self.core_engines = [dp_rank_identity(r) for r in range(config.data_parallel_size)]
+        self.core_engines = [dp_rank_identity(r) for r in ranks]
         self.in_flight = [0] * len(self.core_engines)  # requests in flight, per engine
         self.reqs_in_flight: dict[str, int] = {}  # request id -> engine rank
         self.encoder = MsgpackEncoder()
@@ -170,20 +173,20 @@ class MPClient(EngineCoreClient):
         self.resources.threads.append(t)
         t.start()
 
-    def _wait_for_engines(self, count: int) -> list[EngineCoreReadyResponse]:
+    def _wait_for_engines(self, ranks: range) -> list[EngineCoreReadyResponse]:
         """Each engine's DEALER says hello first: until then the ROUTER would drop our sends."""
         sync = zmq.Socket.shadow(self.input_socket.underlying)
         decoder, responses = MsgpackDecoder(EngineCoreReadyResponse), {}
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
-        while len(responses) < count:
+        while len(responses) < len(ranks):
             if not sync.poll(max(deadline - time.monotonic(), 0) * 1000):
-                missing = sorted(set(range(count)) - responses.keys())
+                missing = sorted(set(ranks) - responses.keys())
                 raise TimeoutError(f"engine core(s) {missing} did not connect to "
                                    f"{sync.getsockopt_string(zmq.LAST_ENDPOINT)} within "
                                    f"{REGISTER_TIMEOUT_S:g} s: are they running?")
             identity, *frames = sync.recv_multipart()
             responses[identity_to_rank(identity)] = decoder.decode(frames)
-        return [responses[r] for r in range(count)]
+        return [responses[r] for r in ranks]
 
     # --- routing ----------------------------------------------------------------------------
     def _choose_engine(self, request: EngineCoreRequest) -> int:

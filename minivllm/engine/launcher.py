@@ -19,11 +19,17 @@ identity is its DP rank (2 bytes, little endian):
 While it waits, the launcher also watches each engine's process sentinel: an engine that dies
 during start-up is reported at once, with its exit code, not after the timeout.
 
-Engines on other nodes (data_parallel_size_local < data_parallel_size): the ROUTER binds
-tcp://data_parallel_address:data_parallel_rpc_port, the clients' addresses are tcp ports on
-that address, and the launcher waits for every rank's HELLO, its own engines' and those that
-`minivllm serve --headless --data-parallel-start-rank S` starts (engine/headless.py): those
-have no sentinel here, so the other nodes have HELLO_TIMEOUT_S to come up.
+Engines on other nodes (data_parallel_size_local < data_parallel_size, internal load
+balancing): the ROUTER binds tcp://data_parallel_address:data_parallel_rpc_port, the clients'
+addresses are tcp ports on that address, and the launcher waits for every rank's HELLO, its
+own engines' and those that `minivllm serve --headless --data-parallel-start-rank S` starts
+(engine/headless.py): those have no sentinel here, so the other nodes have HELLO_TIMEOUT_S
+to come up. The clients' tcp ports are bound here, before any engine learns them (vLLM binds
+its listeners first too: bind_engine_zmq_listeners, vllm/v1/engine/utils.py:1163-1184, and
+make_zmq_listener, vllm/utils/network_utils.py:409-439); each client's ZMQ socket adopts
+its listening socket (ZMQ_USE_FD), so no other process can take a port in between. Hybrid
+and external load balancing (dp_nodes.py): a front end hears only its own node's engines,
+ranks start_rank .. start_rank + size_local - 1, over ipc.
 In vLLM: vllm/v1/engine/utils.py (wait_for_engine_startup, launch_core_engines,
 EngineZmqAddresses, CoreEngineProcManager); the engine's side: EngineCoreProc._perform_handshake
 in vllm/v1/engine/core.py.
@@ -94,6 +100,8 @@ class CoreEngineProcManager:
     def __init__(self, handles: list[ProcHandle], ipc_dir: IpcDir) -> None:
         self.handles = handles
         self.ipc_dir = ipc_dir
+        # tcp only: the clients' bound and listening sockets, inputs then outputs
+        self.listeners: list[socket.socket] = []
         self.ready_responses: list[EngineCoreReadyResponse] = []
         self._lock = threading.Lock()
 
@@ -117,7 +125,20 @@ class CoreEngineProcManager:
                 handle.request_stop()  # all at once: DP engines stop in parallel
             for handle in self.handles:
                 handle.shutdown()
+            self.close_listeners()
             self.ipc_dir.close()
+
+    def client_listeners(self, i: int) -> tuple[socket.socket, socket.socket] | None:
+        """Client i's listening input and output sockets (tcp), for it to adopt."""
+        if not self.listeners:
+            return None
+        half = len(self.listeners) // 2
+        return self.listeners[i], self.listeners[half + i]
+
+    def close_listeners(self) -> None:
+        """This process's copies (a client adopted its own, or a child got a duplicate)."""
+        for listener in self.listeners:
+            listener.close()
 
 
 def launch_core_engines(config: EngineConfig, num_api_servers: int = 1,
@@ -126,21 +147,27 @@ def launch_core_engines(config: EngineConfig, num_api_servers: int = 1,
     """Start this node's engine cores and wait until all config.data_parallel_size are READY
     (with data_parallel_size_local < data_parallel_size, the others say HELLO over tcp from
     their nodes, `minivllm serve --headless`)."""
-    if config.data_parallel_start_rank != 0:
+    if config.data_parallel_start_rank != 0 and not config.local_engines_only:
         raise ValueError("the front end runs on the node of DP rank 0: data_parallel_start_rank "
                          f"{config.data_parallel_start_rank} belongs to a headless node")
     ipc_dir = IpcDir()
-    handshake_address, addresses = _engine_addresses(config, ipc_dir, num_api_servers)
     ctx = zmq.Context()
-    handshake = make_zmq_socket(ctx, handshake_address, zmq.ROUTER, bind=True, linger=0)
+    handshake = None
     try:
+        handshake_address, addresses, listeners = _engine_addresses(config, ipc_dir,
+                                                                    num_api_servers)
+        handshake = make_zmq_socket(ctx, handshake_address, zmq.ROUTER, bind=True, linger=0)
         manager = start_engine_procs(config, handshake_address, ipc_dir)
+        manager.listeners = listeners
         try:
             manager.ready_responses = wait_for_engine_startup(
-                handshake, manager, addresses, ready_timeout, config.data_parallel_size)
+                handshake, manager, addresses, ready_timeout, config.client_engine_ranks)
         except BaseException:
             manager.close()
             raise
+    except BaseException:
+        ipc_dir.close()
+        raise
     finally:
         close_all(handshake)
         ctx.term()
@@ -148,25 +175,41 @@ def launch_core_engines(config: EngineConfig, num_api_servers: int = 1,
 
 
 def _engine_addresses(config: EngineConfig, ipc_dir: IpcDir, num_api_servers: int
-                      ) -> tuple[str, EngineZmqAddresses]:
-    """ipc:// on one node; tcp:// at data_parallel_address when engines run on other nodes
-    (vLLM: get_engine_zmq_addresses, vllm/v1/engine/utils.py)."""
+                      ) -> tuple[str, EngineZmqAddresses, list[socket.socket]]:
+    """ipc:// on one node (and for a front end of its node's engines alone); tcp:// at
+    data_parallel_address when engines on other nodes talk to it, each client's port bound
+    and listening before it is handed out (vLLM: get_engine_zmq_bind_addresses,
+    vllm/v1/engine/utils.py:1127-1160)."""
     if not config.data_parallel_multinode:
         return ipc_dir.path("handshake"), EngineZmqAddresses(
             inputs=[ipc_dir.path(f"input{i}") for i in range(num_api_servers)],
-            outputs=[ipc_dir.path(f"output{i}") for i in range(num_api_servers)])
+            outputs=[ipc_dir.path(f"output{i}") for i in range(num_api_servers)]), []
     host = config.data_parallel_address
-    ports = [open_port(host) for _ in range(2 * num_api_servers)]
+    listeners: list[socket.socket] = []
+    try:
+        for _ in range(2 * num_api_servers):
+            listeners.append(tcp_listener(host))
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    ports = [listener.getsockname()[1] for listener in listeners]
     return tcp_address(host, config.data_parallel_rpc_port), EngineZmqAddresses(
         inputs=[tcp_address(host, p) for p in ports[:num_api_servers]],
-        outputs=[tcp_address(host, p) for p in ports[num_api_servers:]])
+        outputs=[tcp_address(host, p) for p in ports[num_api_servers:]]), listeners
 
 
-def open_port(host: str) -> int:
-    """A TCP port free on `host` now (the clients bind it a moment later, as in vLLM)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+def tcp_listener(host: str) -> socket.socket:
+    """A socket bound to a free port on `host` and listening: the port is ours from now on,
+    and a client's ZMQ socket takes the socket over (make_zmq_socket's `listener`)."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        s.listen()
+    except BaseException:
+        s.close()
+        raise
+    return s
 
 
 def start_engine_procs(config: EngineConfig, handshake_address: str,
@@ -191,10 +234,10 @@ def start_engine_procs(config: EngineConfig, handshake_address: str,
 
 
 def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManager,
-                            addresses: EngineZmqAddresses, ready_timeout: float, count: int
+                            addresses: EngineZmqAddresses, ready_timeout: float, ranks: range
                             ) -> list[EngineCoreReadyResponse]:
-    """Answer each engine's HELLO with the addresses; return the ready responses of ranks
-    0..count-1. Only this node's engines have sentinels; the others are heard over tcp."""
+    """Answer each engine's HELLO with the addresses; return the ready responses of `ranks`,
+    in order. Only this node's engines have sentinels; the others are heard over tcp."""
     decoder = msgspec.msgpack.Decoder(HandshakeMessage)
     reply = msgspec.msgpack.encode(addresses)
     hello: set[int] = set()
@@ -203,14 +246,14 @@ def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManage
     poller.register(handshake, zmq.POLLIN)
     for sentinel in manager.sentinels:
         poller.register(sentinel, zmq.POLLIN)
-    start = time.monotonic()
+    start, count = time.monotonic(), len(ranks)
     while len(ready) < count:
         waiting_hello = len(hello) < count
         limit = HELLO_TIMEOUT_S if waiting_hello else ready_timeout
         left = start + limit - time.monotonic()
         events = dict(poller.poll(max(left, 0) * 1000))
         if not events:
-            missing = sorted(set(range(count)) - (ready.keys() if not waiting_hello else hello))
+            missing = sorted(set(ranks) - (ready.keys() if not waiting_hello else hello))
             what = "said HELLO" if waiting_hello else "reported READY (loading the model)"
             raise TimeoutError(f"engine core(s) {missing} have not {what} within {limit:g} s: "
                                "see their log above, or pass a larger ready_timeout")
@@ -221,9 +264,9 @@ def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManage
         if handshake in events:
             identity, body = handshake.recv_multipart()
             rank = identity_to_rank(identity)
-            if not 0 <= rank < count:
-                logger.warning("ignored a HELLO from DP rank %d: data_parallel_size is %d",
-                               rank, count)
+            if rank not in ranks:
+                logger.warning("ignored a HELLO from DP rank %d: this front end waits for "
+                               "ranks %s", rank, list(ranks))
                 continue
             msg = decoder.decode(body)
             if isinstance(msg, HandshakeHello):
@@ -235,4 +278,4 @@ def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManage
                 raise RuntimeError(f"engine core {rank} failed during start-up:\n{msg.error}")
             else:
                 ready[rank] = msg.response
-    return [ready[r] for r in range(count)]
+    return [ready[r] for r in ranks]

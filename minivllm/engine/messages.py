@@ -174,6 +174,9 @@ class ClientAddresses(msgspec.Struct):
     input_address: str
     output_address: str
     engine_pids: list[int] = []
+    # tcp: the launcher's bound, listening sockets for the two addresses (they pickle to a
+    # spawned API server as duplicates), which the client's ZMQ sockets adopt
+    listeners: Any = None
 
 
 class EngineZmqAddresses(msgspec.Struct, array_like=True):
@@ -182,6 +185,7 @@ class EngineZmqAddresses(msgspec.Struct, array_like=True):
     inputs: list[str]
     outputs: list[str]
 
-    def for_client(self, i: int, engine_pids: list[int] = ()) -> ClientAddresses:
+    def for_client(self, i: int, engine_pids: list[int] = (), listeners: Any = None
+                   ) -> ClientAddresses:
         """What AsyncLLM(config, client_addresses, client_index=i) takes."""
-        return ClientAddresses(self.inputs[i], self.outputs[i], list(engine_pids))
+        return ClientAddresses(self.inputs[i], self.outputs[i], list(engine_pids), listeners)

@@ -14,13 +14,15 @@ vllm/v1/utils.py; vLLM's NoSignalServer in vllm/entrypoints/launchers/launcher.p
 adds a least-loaded accept that minivllm leaves out). Each API server is one client of every
 engine core, with its own client_index.
 
-Across nodes (-tp N --nnodes K, vLLM's flags): node 0 runs as above; every other node runs
+Across nodes (vLLM's flags): --nnodes K --node-rank R span the whole DP x TP deployment.
+With -dp 1 the TP ranks split over the nodes: node 0 runs as above, every other node runs
 `minivllm serve --headless --node-rank R ...`, which starts only its share of the TP workers
-(executor/multinode.py) and exits when the leader goes away or on SIGTERM. DP engines on other
-nodes (-dp N --data-parallel-size-local L --data-parallel-address A --data-parallel-rpc-port
-P): the leader runs the API server(s) and engines 0..L-1; another node runs `minivllm serve
---headless ... --data-parallel-start-rank S` (engine/headless.py), and its engines reach the
-front end over tcp.
+(executor/multinode.py) and exits when the leader goes away or on SIGTERM. With -dp N each
+node runs whole DP replicas, its first DP rank following from R. DP launch modes
+(engine/dp_nodes.py): internal (the leader's API servers in front of all N engines, the other
+nodes `--headless`, their engines reaching the front end over tcp; engine/headless.py),
+hybrid (-dpl L -dpr S without --headless: API servers on every node for its own engines) and
+external (--data-parallel-external-lb or -dpn R: one engine per API server).
 
 --host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
 """
@@ -38,6 +40,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.config import KV_CACHE_DTYPES  # torch-free, as --help wants
+from minivllm.entrypoints.node_flags import add_node_flags, api_server_count, hybrid_lb
 from minivllm.utils import tracing
 from minivllm.utils.byte_sizes import parse_bytes
 from minivllm.utils.process_count import serve_process_count
@@ -64,7 +67,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
     p.add_argument("--api-server-count", type=int, default=None,
-                   help="API server processes sharing the port (default: the DP size)")
+                   help="API server processes sharing the port (default: the DP size; hybrid "
+                        "load balancing: -dpl; external: 1)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -103,31 +107,6 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_node_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's multi-node flags (ParallelConfig in vllm/config/parallel.py, mp backend)."""
-    g = p.add_argument_group("multi-node tensor parallelism (the TP ranks split over nodes)")
-    g.add_argument("--nnodes", type=int, default=1, help="nodes the TP ranks are split over")
-    g.add_argument("--node-rank", type=int, default=0,
-                   help="this node's rank: 0 is the leader (engine core and API server)")
-    g.add_argument("--master-addr", default="127.0.0.1",
-                   help="the leader's address, as every node reaches it")
-    g.add_argument("--master-port", type=int, default=29501,
-                   help="the process group's rendezvous port on the leader")
-    g.add_argument("--headless", action="store_true",
-                   help="no API server: run this node's TP workers (nodes 1..nnodes-1) or "
-                        "DP engines (--data-parallel-start-rank S >= 1); exits when the "
-                        "leader goes away, or on SIGTERM")
-    d = p.add_argument_group("data-parallel engines on several nodes (vLLM's flags)")
-    d.add_argument("-dpl", "--data-parallel-size-local", type=int, default=None,
-                   help="DP engines on this node (default: all of -dp)")
-    d.add_argument("-dpr", "--data-parallel-start-rank", type=int, default=None,
-                   help="the first DP rank on this node (headless nodes; the leader's is 0)")
-    d.add_argument("-dpa", "--data-parallel-address", default=None,
-                   help="the leader's address, as every node reaches it (default 127.0.0.1)")
-    d.add_argument("-dpp", "--data-parallel-rpc-port", type=int, default=None,
-                   help="the leader's handshake port (default 29550)")
-
-
 def engine_config(args: argparse.Namespace) -> Any:
     """EngineConfig from the flags; a flag left unset keeps the config's default."""
     from minivllm.engine.config import EngineConfig
@@ -144,6 +123,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("node_rank", args.node_rank or None),
                         ("master_addr", args.master_addr),
                         ("master_port", args.master_port),
+                        ("distributed_timeout_seconds", args.distributed_timeout_seconds),
                         ("tensor_parallel_size", args.tensor_parallel_size),
                         ("distributed_executor_backend", args.distributed_executor_backend),
                         ("ray_address", args.ray_address),
@@ -151,7 +131,10 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("data_parallel_size_local", args.data_parallel_size_local),
                         ("data_parallel_start_rank", args.data_parallel_start_rank),
                         ("data_parallel_address", args.data_parallel_address),
-                        ("data_parallel_rpc_port", args.data_parallel_rpc_port)):
+                        ("data_parallel_rpc_port", args.data_parallel_rpc_port),
+                        ("data_parallel_rank", args.data_parallel_rank),
+                        ("data_parallel_hybrid_lb", hybrid_lb(args) or None),
+                        ("data_parallel_external_lb", args.data_parallel_external_lb or None)):
         if value is None or (value == 1 and name.endswith("parallel_size")):
             continue
         if name not in fields:
@@ -249,11 +232,13 @@ def run_multi_api_server(args: argparse.Namespace, sock: socket.socket, count: i
     # shared_metrics_dir: where the API servers' metric values meet, summed on a scrape
     with shared_metrics_dir():
         try:
-            for i in range(count):
-                client = addresses.for_client(i)
+            for i in range(count):  # tcp: each gets a duplicate of its listening sockets
+                client = addresses.for_client(i, engine_manager.pids,  # watched by pidfd
+                                              engine_manager.client_listeners(i))
                 servers.append(launch(api_server_proc, f"APIServer_{i}",
                                       args=(args, sock, client, i), context=spawn,
                                       ready_timeout=API_SERVER_READY_TIMEOUT_S))
+            engine_manager.close_listeners()  # the API servers listen on their copies
             announce(args, config, count)
             return wait_for_first_exit(servers)
         finally:
@@ -293,26 +278,32 @@ def main(argv: list[str] | None = None) -> int:
     from minivllm.entrypoints.openai.api_server import create_server_socket
 
     args = make_parser().parse_args(argv)
-    count = args.api_server_count or args.data_parallel_size
-    if count < 1:
-        raise SystemExit("minivllm serve: --api-server-count must be at least 1")
     try:
         config = engine_config(args)  # a bad path or flag: one line, before anything starts
         if args.headless:
             if args.api_server_count not in (None, 1):
                 raise ValueError("--api-server-count does not go with --headless: a headless "
                                  "node runs no API server")
-            if config.nnodes > 1:
+            if config.local_engines_only:
+                raise ValueError("--headless runs engines for a front end elsewhere: it does "
+                                 "not go with hybrid or external load balancing")
+            if config.nnodes_within_dp > 1:
                 from minivllm.executor.multinode import run_headless
                 return run_headless(config)
             from minivllm.engine.headless import run_headless_engines
             return run_headless_engines(config)
-        if config.node_rank != 0 or config.data_parallel_start_rank != 0:
-            raise ValueError(f"--node-rank {config.node_rank} --data-parallel-start-rank "
-                             f"{config.data_parallel_start_rank} is not the leader: add "
-                             "--headless (the API server runs on node 0, DP rank 0, only)")
+        if config.node_rank_within_dp != 0 or (config.data_parallel_start_rank != 0
+                                               and not config.local_engines_only):
+            raise ValueError(f"--node-rank {config.node_rank} (DP start rank "
+                             f"{config.data_parallel_start_rank}) is not the leader: add "
+                             "--headless (with internal load balancing the API server runs "
+                             "on node 0, DP rank 0, only), or give -dpl and -dpr for hybrid "
+                             "load balancing")
     except (OSError, ValueError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
+    count = api_server_count(args, config)
+    if count < 1:
+        raise SystemExit("minivllm serve: --api-server-count must be at least 1")
     # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like
     # Ctrl-C, so a server stopped while it starts still shuts its engine down.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)

@@ -31,20 +31,19 @@ from minivllm.worker.worker_proc import READY_TIMEOUT_S, worker_main
 
 logger = logging.getLogger(__name__)
 
-# Across nodes a worker is ready once all nodes joined the group: gloo's rendezvous waits
-# parallel_state.COLLECTIVE_TIMEOUT (60 s) for the rest; this covers it and the model load.
-MULTINODE_READY_TIMEOUT_S = 120.0
-
 
 def start_node_workers(config: EngineConfig, broadcast_handle: Handle | None) -> list[ProcHandle]:
     """This node's workers (ranks node_rank * L .. + L-1), started side by side; each one's
     ready message maps ranks to reply Handles. One node: the group meets on a free loopback
     port. Several: at master_addr:master_port, and a worker is ready only once every node's
-    workers joined, so the other nodes have MULTINODE_READY_TIMEOUT_S to start."""
-    local, first = config.local_world_size, config.node_rank * config.local_world_size
-    if config.nnodes > 1:
+    workers joined. The start window is the rendezvous: every node must join within
+    --distributed-timeout-seconds (60 s by default), or the group fails on the nodes that
+    came (tests/test_failure_timing.py); the ready wait covers that and the model load."""
+    local = config.local_world_size
+    first = config.node_rank_within_dp * local
+    if config.nnodes_within_dp > 1:
         init_method = f"tcp://{config.master_addr}:{config.master_port}"
-        ready_timeout = MULTINODE_READY_TIMEOUT_S
+        ready_timeout = config.collective_timeout_s + READY_TIMEOUT_S
     else:
         init_method, ready_timeout = f"tcp://127.0.0.1:{get_open_port()}", READY_TIMEOUT_S
     context = worker_mp_context()
@@ -59,10 +58,11 @@ def start_node_workers(config: EngineConfig, broadcast_handle: Handle | None) ->
 def run_headless(config: EngineConfig) -> int:
     """Start this node's workers and wait until they end or SIGTERM/SIGINT comes; 0 when
     they ended because the leader went away or a signal asked, 1 when one died on its own."""
-    if config.nnodes < 2 or config.node_rank < 1:
+    if config.nnodes_within_dp < 2 or config.node_rank_within_dp < 1:
         raise ValueError("a headless node is one of the other nodes of a multi-node group: "
                          f"give nnodes >= 2 and node_rank >= 1 (got nnodes={config.nnodes}, "
-                         f"node_rank={config.node_rank})")
+                         f"node_rank={config.node_rank}, {config.nnodes_within_dp} node(s) "
+                         "per DP replica)")
     stop_r, stop_w = os.pipe()
     started = False
 

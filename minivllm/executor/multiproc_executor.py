@@ -42,6 +42,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from minivllm import envs
+from minivllm.distributed.parallel_state import advertised_ip
 from minivllm.distributed.peer_watch import PeerWatch
 from minivllm.distributed.shm_broadcast import Handle, MessageQueue, QueueShutdown
 from minivllm.distributed.spin_condition import BUSY_LOOP_S
@@ -58,7 +60,6 @@ from minivllm.worker.worker_proc import READY_TIMEOUT_S, unlink_queue_files
 logger = logging.getLogger(__name__)
 
 INIT_TIMEOUT_S = 300.0  # init_device + load_model on every rank; 3 ranks on 2 cores are slow
-EXECUTE_MODEL_TIMEOUT_S = 300.0  # vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS default
 # Workers spin on the broadcast ring this long after each step before they sleep in poll.
 # With more ranks than cores a spinning rank takes the core the engine core needs to schedule
 # the next step, so the window shrinks to what covers the gap between two steps.
@@ -94,7 +95,7 @@ class StepBreakdown:
 
 class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
-        if self.config.node_rank != 0:
+        if self.config.node_rank_within_dp != 0:
             raise ValueError("the executor runs on the leader (node_rank 0); the other nodes "
                              "run their workers with `minivllm serve --headless`")
         self.world_size = self.config.tensor_parallel_size
@@ -111,11 +112,12 @@ class MultiprocExecutor(Executor):
         self._stopped = False
         self._fail_lock = threading.Lock()
         oversubscribed = self.local_world_size >= len(os.sched_getaffinity(0))
-        # the ring: shm for this node's ranks, tcp at master_addr for the other nodes' (vLLM
-        # passes get_ip(); master_addr is the address every node already reaches)
+        # the ring: shm for this node's ranks, tcp for the other nodes' at VLLM_HOST_IP, or
+        # else this node's address toward master_addr (vLLM passes get_ip(): :163-184)
         self.rpc_broadcast_mq = MessageQueue(
             self.world_size, self.local_world_size,
-            connect_ip=self.config.master_addr if self.config.nnodes > 1 else None,
+            connect_ip=(advertised_ip(self.config.master_addr)
+                        if self.config.nnodes_within_dp > 1 else None),
             busy_loop_s=OVERSUBSCRIBED_SPIN_S if oversubscribed else BUSY_LOOP_S)
         # At exit, stop the workers before utils/mp's own exit hook does (atexit runs the
         # last registered first), so the monitor does not take their exit for a death.
@@ -162,13 +164,14 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         start = time.perf_counter()
-        deadline = time.monotonic() + EXECUTE_MODEL_TIMEOUT_S
+        timeout = envs.execute_model_timeout_s()  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+        deadline = time.monotonic() + timeout
         call = ExecuteModel(next(self._call_ids), self.output_rank, scheduler_output)
         with tracing.span("broadcast"):
             self._broadcast(call, deadline, "execute_model")
         with tracing.span("wait_reply"):
             reply = self._wait_reply(self.output_rank, call.call_id, deadline,
-                                     "execute_model", EXECUTE_MODEL_TIMEOUT_S)
+                                     "execute_model", timeout)
         end = time.perf_counter()
         if isinstance(reply, RPCError):
             self._raise_if_a_worker_died(reply)
@@ -193,9 +196,10 @@ class MultiprocExecutor(Executor):
             try:
                 reply = mq.dequeue(_remaining(deadline))
             except TimeoutError:
+                env = f", {envs.EXECUTE_MODEL_TIMEOUT_ENV}" if what == "execute_model" else ""
                 raise TimeoutError(f"{what}: worker {self._who(rank)} did not reply within "
-                                   f"{timeout:g} s (the deadline of the whole call): it is "
-                                   "stuck or very slow; see its log above") from None
+                                   f"{timeout:g} s (the deadline of the whole call{env}): it "
+                                   "is stuck or very slow; see its log above") from None
             except QueueShutdown:
                 raise self._died(what) from None
             if reply.call_id == call_id:

@@ -57,13 +57,16 @@ def socket_buffer_size() -> int:
 
 def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool | None = None,
                     identity: bytes | None = None, linger: int | None = None,
-                    heartbeat: tuple[int, int] | None = None) -> zmq.Socket:
+                    heartbeat: tuple[int, int] | None = None,
+                    listener: Any = None) -> zmq.Socket:
     """Make a socket of `socket_type`, bind or connect it to `path`, and return it.
 
     bind defaults to True except for PUSH, SUB and XSUB. A tcp path with port 0 binds to a
     free port (see `bound_address`). heartbeat=(interval_ms, timeout_ms): ZMTP PINGs on every
     connection, dropped after timeout_ms of silence (a peer whose host vanished). The caller
-    owns the socket: close it.
+    owns the socket: close it. listener: a socket.socket already bound to `path` and
+    listening, which the ZMQ socket takes over (ZMQ_USE_FD, as vLLM's make_zmq_listener): the
+    port was never free for another process to take.
     """
     sock = ctx.socket(socket_type)
     try:
@@ -84,6 +87,10 @@ def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool | 
             sock.setsockopt(zmq.HEARTBEAT_TTL, heartbeat[1])
         if socket_type == zmq.XPUB:
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscription, not only the first
+        if path.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        if listener is not None:
+            sock.setsockopt(zmq.USE_FD, listener.detach())  # libzmq closes it from now on
         if bind if bind is not None else socket_type not in _CONNECT_BY_DEFAULT:
             sock.bind(_wildcard_port(path))
         else:

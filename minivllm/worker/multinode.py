@@ -47,7 +47,7 @@ def init_worker_queues(proc: "WorkerProc", config: EngineConfig,
     """Join the group, get the ring's Handle from rank 0, attach, make the reply queue and
     exchange its Handle. Sets proc's queues and reply_handles; returns the ring's Handle."""
     from minivllm.worker.worker_proc import REPLY_CHUNK_BYTES, REPLY_CHUNKS, REPLY_SPIN_S
-    local_ip = parallel_state.local_ip_toward(config.master_addr)
+    local_ip = parallel_state.advertised_ip(config.master_addr)  # VLLM_HOST_IP
     proc.worker.init_distributed(local_ip)
     box = [broadcast_handle]
     dist.broadcast_object_list(box, src=0)  # pickle, inside the group only

@@ -50,7 +50,7 @@ class Worker:
         """Join the TP group (across nodes, before the queues: multinode.py)."""
         parallel_state.init_distributed_environment(
             self.rank, self.config.tensor_parallel_size, self.distributed_init_method,
-            local_ip=local_ip)
+            local_ip=local_ip, timeout_s=self.config.collective_timeout_s)
 
     def load_model(self) -> None:
         self.model_runner.load_model()

@@ -68,7 +68,7 @@ class WorkerProc:
         self.worker = Worker(config, rank, distributed_init_method)
         self.reply_handles: dict[int, Handle] = {}  # what the ready pipe carries, by rank
         self.watches: list = []  # PeerWatch threads (a remote reader's watch on its leader)
-        if config.nnodes > 1:  # the group first: it carries the handles between nodes
+        if config.nnodes_within_dp > 1:  # the group first: it carries the handles between nodes
             broadcast_handle = multinode.init_worker_queues(self, config, broadcast_handle)
         else:
             self.rpc_broadcast_mq = MessageQueue.create_from_handle(
