@@ -81,6 +81,10 @@ def _rows(worker) -> dict:
 
 
 def _check_worker(worker, expected: dict, when: str):
+    wrong = {rid: s.req_id for rid, s in worker.requests.items() if s.req_id != rid}
+    if wrong:
+        raise Fail(f"{when}: a CachedRequestState's req_id is not the id the worker keeps it "
+                   "under", expected=sorted(wrong), got=list(wrong.values()))
     _check_rows(_rows(worker), {rid: [list(v) if isinstance(v, tuple) else v for v in row]
                                 for rid, row in expected.items()}, when)
 
