@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tracemalloc
 
 import msgspec
@@ -151,7 +152,8 @@ def zero_copy(impl):
 
 @test(input="frame 1 with one token more, then one token fewer, than offsets[-1]; then offsets "
       "one short of len(request_ids) + 1, one too many, and none at all for no request ids "
-      "(every size a multiple of 4)")
+      "(every size a multiple of 4); then what the ValueError says of 16 bytes for 3 tokens "
+      "and of 5 offsets for 12 request ids")
 def decode_checks_sizes(impl):
     batch = [("a", [1, 2]), ("b", [3])]
     body, data = ref_frames(batch)
@@ -174,6 +176,26 @@ def decode_checks_sizes(impl):
         raise Fail(f"decode accepted {what}: the README requires ValueError when frame 1 is "
                    "not exactly 4 * offsets[-1] bytes or offsets is not len(request_ids) + 1 "
                    "long", expected="ValueError", got="no error", input=what)
+    many = [str(i) for i in range(12)]
+    for what, frames, numbers in [
+            ("frame 1 of 16 bytes for offsets[-1] == 3 (12 bytes)", [body, data + bytes(4)],
+             {"frame 1's bytes": "16", "offsets[-1]": "3", "4 * offsets[-1]": "12"}),
+            ("5 offsets for 12 request ids", [msgspec.msgpack.encode([many, [0, 1, 2, 3, 4]]),
+                                              bytes(16)],
+             {"the number of offsets": "5", "the number of request ids": "12"})]:
+        try:
+            impl.decode(frames)
+            message = "(no error)"
+        except ValueError as e:
+            message = str(e)
+        named = re.findall(r"-?\d+(?:\.\d+)?", message)
+        missing = [f"{what_n} ({n})" for what_n, n in numbers.items() if n not in named]
+        if missing:
+            raise Fail(f"decode's ValueError for {what} does not name {', '.join(missing)}: the "
+                       "README requires the message to give the sizes that disagree, so that "
+                       "the reader of a log knows which frame is wrong", expected=
+                       f"a message naming {', '.join(numbers.values())}", got=repr(message),
+                       input=what)
 
 
 @test(input="encode of 300 tokens, its frames kept as encode returned them; then encode of 100 "
