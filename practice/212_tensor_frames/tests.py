@@ -95,7 +95,11 @@ def unsupported_raise_type_error(impl):
     for name, obj in cases:
         try:
             frames = impl.TensorEncoder().encode({"x": obj})
-        except TypeError:
+        except TypeError as e:
+            if name == "object()" and "object" not in str(e):
+                raise Fail("encode's TypeError for object() does not name what it cannot encode "
+                           "(the type, 'object'): say what was refused", expected="a message "
+                           "naming 'object'", got=repr(str(e)), input=name) from None
             continue
         except Exception as e:
             raise Fail(f"encode of {name} raised {type(e).__name__}; the README requires TypeError",
@@ -106,7 +110,8 @@ def unsupported_raise_type_error(impl):
 
 
 @test(input="threshold=256: arrays of 255, 256 and 257 bytes (uint8); threshold=64: 63 and 64; "
-      "threshold=256: 63 and 64 int32 (252 and 256 bytes), 3 x 2 x 16 float32 (384 bytes)")
+      "threshold=256: 63 and 64 int32 (252 and 256 bytes), 3 x 2 x 16 float32 (384 bytes); the "
+      "default threshold: 256 bytes")
 def threshold_boundary(impl):
     for threshold, arr, want in [(256, np.zeros(255, np.uint8), 1), (256, np.zeros(256, np.uint8), 2),
                                  (256, np.zeros(257, np.uint8), 2), (64, np.zeros(63, np.uint8), 1),
@@ -116,6 +121,9 @@ def threshold_boundary(impl):
         where = f"threshold={threshold}, {arr.dtype} {arr.shape}: {arr.nbytes} bytes, {arr.size} elements"
         check_equal(len(frames), want, f"frames for {arr.nbytes} bytes (inline below the threshold "
                     "in bytes, out of band at or above it)", where)
+    check_equal(len(impl.TensorEncoder().encode(np.zeros(256, np.uint8))), 2,
+                "frames for 256 bytes with TensorEncoder()'s default threshold (256)",
+                "TensorEncoder(), uint8 (256,)")
 
 
 def _samples() -> list[tuple[str, np.ndarray]]:
@@ -358,6 +366,12 @@ def _crafted(impl) -> list[tuple[str, list]]:
     ]
 
 
+# What the DecodeError of a crafted message must name, so that its reader knows what was wrong.
+NAMED = {"unknown ext code 9": "9", "out of band, frame index 5 of 2": "5",
+         "negative shape": "-100",
+         "out of band, 808 bytes for 100 x <i8 (one element too many)": "100"}
+
+
 @test(input="crafted bad messages, then 3,000 random byte strings (seed 212)", timeout=20,
       hang="decode loops on garbage instead of raising DecodeError")
 def garbage_raises_decode_error(impl):
@@ -377,7 +391,11 @@ def garbage_raises_decode_error(impl):
     for name, frames in cases:
         try:
             dec.decode(frames)
-        except impl.DecodeError:
+        except impl.DecodeError as e:
+            if name in NAMED and NAMED[name] not in str(e):
+                raise Fail(f"decode's DecodeError for a bad message ({name}) does not say what "
+                           f"is wrong: name the value that does not fit ({NAMED[name]})", expected=f"a message "
+                           f"naming {NAMED[name]}", got=repr(str(e)), input=name) from None
             continue
         except Exception as e:
             raise Fail("decode must raise DecodeError (and only DecodeError) on a bad message",
