@@ -188,6 +188,16 @@ def test_flag_order_bug_prints_the_breaking_schedule(tmp_path):
     assert "received b'm0' as message 2" in out.stdout
 
 
+def test_213_timeline_names_every_byte_a_multi_byte_access_touches():
+    from minivllm.judge.child import load_tests
+    tests, _ = load_tests(str(exercise.find("213").tests))
+    label = tests.label_for(2, 2, 8)  # chunks at 0 and 8, meta rows of 3 bytes at 16 and 19
+    assert label(17, 19) == "chunk 0 read flags of readers 0-1"
+    assert label(16, 19) == "chunk 0 written flag and read flags of readers 0-1"
+    assert label(18, 19) == label(18) == "chunk 0 read flag of reader 1"
+    assert label(8, 12) == "chunk 1 length header" and label(12, 15) == "chunk 1 payload"
+
+
 def test_cli_says_in_one_line_what_is_wrong_with_its_arguments(tmp_path):
     missing = run_judge("213", "--file", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and "nope.py is not a file" in missing.stderr

@@ -69,10 +69,11 @@ class InstrumentedBuffer:
     """A bytearray whose every item or slice access is a scheduling point.
 
     Supports buf[i], buf[i] = v, buf[a:b], buf[a:b] = data and len(buf): the operations a
-    ring buffer needs. `label(offset)` names a byte for the timeline ("chunk 0 written flag").
+    ring buffer needs. `label(start, stop)` names the bytes start..stop-1 of an access for the
+    timeline ("chunk 0 written flag", "chunk 0 read flags of readers 0-1").
     """
 
-    def __init__(self, size: int, label: Callable[[int], str] = lambda off: ""):
+    def __init__(self, size: int, label: Callable[[int, int], str] = lambda start, stop: ""):
         self.data = bytearray(size)
         self.label = label
         self.ctx: Context | None = None  # set per thread through `bind`
@@ -88,7 +89,7 @@ class InstrumentedBuffer:
 
     def _text(self, key, value=None) -> str:
         where = f"[{key.start}:{key.stop}]" if isinstance(key, slice) else f"[{key}]"
-        name = self.label((key.start if isinstance(key, slice) else key) or 0)
+        name = self.label(*self._span(key))
         name = f"   ({name})" if name else ""
         if value is None:
             return f"load  buf{where}{name}"

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import re
+import tracemalloc
+
 import msgspec
 import numpy as np
 
 from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.properties import for_all, st
 
 BATCH = [("a", [1, 2, 3]), ("b", []), ("c", [70000, 5])]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-GENERATED_BATCHES = 300  # enough random shapes that every length 0..8 and every id edge occurs
-SEED = 211
+PROPERTY_EXAMPLES = 300  # batches hypothesis draws per property: the same ones on every run
+# 1-6 requests of 0-8 token ids anywhere in int32 (hypothesis favours the two ends, 0 and -1),
+# request ids empty, repeated or not ASCII. The empty batch has a test of its own (`empty`).
+BATCHES = st.lists(st.tuples(st.text(max_size=6), st.lists(st.integers(INT32_MIN, INT32_MAX),
+                                                               max_size=8)), min_size=1, max_size=6)
 
 
 def ref_frames(batch) -> list[bytes]:
@@ -22,23 +29,7 @@ def ref_frames(batch) -> list[bytes]:
     return [body, b"".join(t.to_bytes(4, "little", signed=True) for _, ts in batch for t in ts)]
 
 
-def generated_batches(seed: int = SEED, count: int = GENERATED_BATCHES):
-    """Batches of 1-5 requests with 0-8 tokens each (empty ones often), ids over the whole
-    int32 range and its two ends, request ids that are empty, repeated or not ASCII."""
-    rng = np.random.default_rng(seed)
-    names = ["", "a", "req-é", "a", "0", "x" * 40]
-    for _ in range(count):
-        batch = []
-        for _ in range(int(rng.integers(1, 6))):
-            n = int(rng.integers(0, 9)) if rng.random() < 0.7 else 0
-            ids = rng.integers(INT32_MIN, INT32_MAX, n, endpoint=True).tolist()
-            if n and rng.random() < 0.3:
-                ids[int(rng.integers(0, n))] = [INT32_MIN, INT32_MAX, -1, 0][int(rng.integers(0, 4))]
-            batch.append((names[int(rng.integers(0, len(names)))], ids))
-        yield batch
-
-
-@test(input=f"batch={BATCH}, then {GENERATED_BATCHES} random batches (seed {SEED}) whose token "
+@test(input=f"batch={BATCH}, then {PROPERTY_EXAMPLES} batches drawn by hypothesis whose token "
       "ids span int32, compared byte for byte with the judge's own writer")
 def frame_layout(impl):
     frames = impl.encode(BATCH)
@@ -47,18 +38,22 @@ def frame_layout(impl):
                 "frame 0 decoded: [request_ids, offsets]")
     check_equal(bytes(frames[1]), np.array([1, 2, 3, 70000, 5], "<i4").tobytes(),
                 "frame 1: int32 little-endian token ids")
-    for batch in generated_batches():
-        want = ref_frames(batch)
-        try:
-            got = [bytes(f) for f in impl.encode(batch)]
-        except Exception as e:
-            raise Fail(f"encode raised {type(e).__name__}: {e}; every token id here fits int32, "
-                       "so the README requires it to encode", input=f"batch={batch}") from None
-        check_equal(msgspec.msgpack.decode(got[0]), msgspec.msgpack.decode(want[0]),
-                    "frame 0 decoded: [request_ids, offsets]", f"batch={batch}")
-        if got[1] != want[1]:
-            raise Fail("frame 1 is not every token id as little-endian int32, in order",
-                       expected=want[1].hex(), got=got[1].hex(), input=f"batch={batch}")
+    for_all(BATCHES, lambda batch: _encodes_as_the_judge(impl, batch), examples=PROPERTY_EXAMPLES,
+            what="batch")
+
+
+def _encodes_as_the_judge(impl, batch) -> None:
+    want = ref_frames(batch)
+    try:
+        got = [bytes(f) for f in impl.encode(batch)]
+    except Exception as e:
+        raise Fail(f"encode raised {type(e).__name__}: {e}; every token id here fits int32, "
+                   "so the README requires it to encode") from None
+    check_equal(msgspec.msgpack.decode(got[0]), msgspec.msgpack.decode(want[0]),
+                "frame 0 decoded: [request_ids, offsets]")
+    if got[1] != want[1]:
+        raise Fail("frame 1 is not every token id as little-endian int32, in order",
+                   expected=want[1].hex(), got=got[1].hex())
 
 
 @test(input="token ids 2**31-1 and -2**31 (the int32 ends), then 2**31, -2**31-1 and 2**40")
@@ -81,7 +76,8 @@ def int32_range(impl):
 
 @test(input="256 requests, every 16th with 512 tokens, the others with 1, decoded from bytes, "
       "from the frames as encode returned them, and with frame 1 a memoryview of int32 items; "
-      f"then the judge's frames of {GENERATED_BATCHES} random batches decoded by your decode")
+      f"then the judge's frames of {PROPERTY_EXAMPLES} batches drawn by hypothesis, decoded by your "
+      "decode")
 def roundtrip(impl):
     rng = np.random.default_rng(0)
     batch = [(f"r{i}", rng.integers(0, 49152, 512 if i % 16 == 0 else 1).tolist())
@@ -103,14 +99,19 @@ def roundtrip(impl):
         for i, (_, tokens) in enumerate(batch):
             check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})",
                         f"frames given {how}")
-    for batch in generated_batches(seed=SEED + 1):
-        decoded = impl.decode(ref_frames(batch))
-        check_equal(list(decoded[0]), [r for r, _ in batch], "request ids", f"batch={batch}")
-        check_equal(list(decoded[2]), msgspec.msgpack.decode(ref_frames(batch)[0])[1],
-                    "offsets", f"batch={batch}")
-        for i, (_, tokens) in enumerate(batch):
-            check_equal(impl.tokens_of(decoded, i).tolist(), tokens,
-                        f"tokens_of(decoded, {i}) of the judge's frames", f"batch={batch}")
+    for_all(BATCHES, lambda batch: _decodes_the_judges_frames(impl, batch),
+            examples=PROPERTY_EXAMPLES, what="batch")
+
+
+def _decodes_the_judges_frames(impl, batch) -> None:
+    frames = ref_frames(batch)
+    decoded = impl.decode(frames)
+    check_equal(list(decoded[0]), [r for r, _ in batch], "request ids of the judge's frames")
+    check_equal(list(decoded[2]), msgspec.msgpack.decode(frames[0])[1],
+                "offsets of the judge's frames")
+    for i, (_, tokens) in enumerate(batch):
+        check_equal(impl.tokens_of(decoded, i).tolist(), tokens,
+                    f"tokens_of(decoded, {i}) of the judge's frames")
 
 
 @test(input="batch=[]  and  batch=[('x', [])]")
@@ -151,7 +152,8 @@ def zero_copy(impl):
 
 @test(input="frame 1 with one token more, then one token fewer, than offsets[-1]; then offsets "
       "one short of len(request_ids) + 1, one too many, and none at all for no request ids "
-      "(every size a multiple of 4)")
+      "(every size a multiple of 4); then what the ValueError says of 16 bytes for 3 tokens "
+      "and of 5 offsets for 12 request ids")
 def decode_checks_sizes(impl):
     batch = [("a", [1, 2]), ("b", [3])]
     body, data = ref_frames(batch)
@@ -174,3 +176,68 @@ def decode_checks_sizes(impl):
         raise Fail(f"decode accepted {what}: the README requires ValueError when frame 1 is "
                    "not exactly 4 * offsets[-1] bytes or offsets is not len(request_ids) + 1 "
                    "long", expected="ValueError", got="no error", input=what)
+    many = [str(i) for i in range(12)]
+    for what, frames, numbers in [
+            ("frame 1 of 16 bytes for offsets[-1] == 3 (12 bytes)", [body, data + bytes(4)],
+             {"frame 1's bytes": "16", "offsets[-1]": "3", "4 * offsets[-1]": "12"}),
+            ("5 offsets for 12 request ids", [msgspec.msgpack.encode([many, [0, 1, 2, 3, 4]]),
+                                              bytes(16)],
+             {"the number of offsets": "5", "the number of request ids": "12"})]:
+        try:
+            impl.decode(frames)
+            message = "(no error)"
+        except ValueError as e:
+            message = str(e)
+        named = re.findall(r"-?\d+(?:\.\d+)?", message)
+        missing = [f"{what_n} ({n})" for what_n, n in numbers.items() if n not in named]
+        if missing:
+            raise Fail(f"decode's ValueError for {what} does not name {', '.join(missing)}: the "
+                       "README requires the message to give the sizes that disagree, so that "
+                       "the reader of a log knows which frame is wrong", expected=
+                       f"a message naming {', '.join(numbers.values())}", got=repr(message),
+                       input=what)
+
+
+@test(input="encode of 300 tokens, its frames kept as encode returned them; then encode of 100 "
+      "tokens and of 500 tokens; the first frames read again after each")
+def encoded_frames_stand_alone(impl):
+    first = [("a", list(range(300)))]
+    frames, want = impl.encode(first), ref_frames(first)
+    for later in ([("b", list(range(-100, 0)))], [("c", list(range(10**6, 10**6 + 500)))]):
+        impl.encode(later)
+        got = [bytes(f) for f in frames]
+        if got != want:
+            changed = "frame 1 (the token ids)" if got[0] == want[0] else "frame 0"
+            raise Fail(f"the frames of one encode changed when the next encode ran ({changed}): "
+                       "each encode must return buffers of its own. A staging buffer reused by "
+                       "every encode is overwritten by the next batch while the caller may still "
+                       "hold or send the frames of this one (zmq's send(copy=False) sends later)",
+                       expected="the first batch's frames unchanged",
+                       got=f"frame 1 starts {got[1][:16].hex()}",
+                       input=f"encode(300 tokens 0..299), then encode({later[0][0]!r}: "
+                             f"{len(later[0][1])} tokens)")
+
+
+SIZE_TOKENS = 1 << 20  # a 4 MiB frame 1: any copy of it dwarfs what decode itself needs
+
+
+@test(input="decode of a 4 MiB frame 1 given as bytes, a bytearray, a memoryview and a memoryview "
+      "of int32 items, with tracemalloc counting every byte decode allocates")
+def decode_allocates_no_copy(impl):
+    body = msgspec.msgpack.encode([["a"], [0, SIZE_TOKENS]])
+    data = bytearray(np.arange(SIZE_TOKENS, dtype="<i4").tobytes())
+    for how, frame1 in (("bytes", bytes(data)), ("a bytearray", data),
+                        ("a memoryview", memoryview(data)),
+                        ("a memoryview of int32 items", memoryview(np.frombuffer(data, "<i4")))):
+        tracemalloc.start()
+        try:
+            impl.decode([body, frame1])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        if peak >= len(data) // 4:
+            raise Fail(f"decode allocated {peak:,} bytes for a frame 1 of {len(data):,} bytes given "
+                       f"as {how}: it copied the frame on the way, even if the array it returns is "
+                       "a view. Size frame 1 with memoryview(frame).nbytes (not len(bytes(frame)) "
+                       "or .tobytes()) and wrap it with np.frombuffer",
+                       expected=f"well under {len(data) // 4:,} bytes", got=f"{peak:,} bytes")

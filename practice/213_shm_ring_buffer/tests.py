@@ -24,18 +24,42 @@ def meta_base(n_chunks, chunk_bytes):
 
 
 def label_for(n_readers, n_chunks, chunk_bytes):
-    """Names bytes of the buffer: 'chunk 1 read flag of reader 0', 'chunk 0 length header'."""
+    """Names bytes of the buffer: label(off) one byte ('chunk 1 read flag of reader 0', 'chunk 0
+    length header'), label(start, stop) the bytes of one access ('chunk 0 read flags of readers
+    0-1', 'chunk 2 payload')."""
     base = meta_base(n_chunks, chunk_bytes)
 
-    def label(off):
+    def place(off):  # (chunk, 'data' or 'meta', the byte's index in its chunk or meta row)
         if off < base:
-            chunk, within = divmod(off, chunk_bytes)
-            part = ("length header" if within == 0 else f"length header byte {within}"
-                    if within < HEADER else "payload" if within == HEADER
-                    else f"payload byte {within - HEADER}")
-            return f"chunk {chunk} {part}"
+            return off // chunk_bytes, "data", off % chunk_bytes
         chunk, k = divmod(off - base, 1 + n_readers)
-        return f"chunk {chunk} written flag" if k == 0 else f"chunk {chunk} read flag of reader {k - 1}"
+        return chunk, "meta", k
+
+    def one(off):
+        chunk, area, i = place(off)
+        if area == "data":
+            return f"chunk {chunk} " + ("length header" if i == 0 else f"length header byte {i}"
+                                        if i < HEADER else "payload" if i == HEADER
+                                        else f"payload byte {i - HEADER}")
+        return f"chunk {chunk} written flag" if i == 0 else f"chunk {chunk} read flag of reader {i - 1}"
+
+    def label(start, stop=None):
+        last = start if stop is None or stop <= start + 1 else stop - 1
+        (chunk, area, i), (chunk2, area2, j) = place(start), place(last)
+        if last == start or (chunk, area) != (chunk2, area2):
+            return one(start) if last == start else f"{one(start)} .. {one(last)}"
+        if area == "meta":  # the written flag is byte 0 of the row, reader k's flag byte 1 + k
+            first, end = max(i, 1) - 1, j - 1
+            flags = (f"read flag of reader {first}" if first == end
+                     else f"read flags of readers {first}-{end}")
+            return f"chunk {chunk} " + ("written flag and " if i == 0 else "") + flags
+        if j < HEADER:
+            return f"chunk {chunk} length header" + ("" if (i, j) == (0, HEADER - 1)
+                                                     else f" bytes {i}-{j}")
+        if i >= HEADER:
+            return f"chunk {chunk} payload" + ("" if i == HEADER else f" bytes {i - HEADER}-"
+                                               f"{j - HEADER}")
+        return f"chunk {chunk} length header and payload"
     return label
 
 

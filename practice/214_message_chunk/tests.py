@@ -5,10 +5,16 @@ from __future__ import annotations
 import array
 import multiprocessing as mp
 import random
+import re
 
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.properties import for_all, st
 
 RING_WAIT_S = scaled(10.0)  # a chunk not written or read in this long means a protocol bug
+PROPERTY_EXAMPLES = 300  # (frames, chunk size) pairs hypothesis draws: the same on every run
+# 0-6 frames of 0-40 bytes into a chunk of 1-120 bytes: about as many fit as overflow, and the
+# exact fit and one byte short are among what hypothesis tries
+MESSAGES = st.tuples(st.lists(st.binary(max_size=40), max_size=6), st.integers(1, 120))
 
 
 def _packed(frames) -> bytes:
@@ -31,7 +37,9 @@ def layout(impl):
 
 
 @test(input="chunks of 64 bytes; messages of exactly 64 and of 65 packed bytes; a message of 0 "
-      "frames in a 3-byte chunk (and fits() of it for 2 bytes)")
+      "frames in a 3-byte chunk (and fits() of it for 2 bytes); then "
+      f"{PROPERTY_EXAMPLES} messages (0-6 frames of 0-40 bytes) and chunk sizes (1-120) drawn by "
+      "hypothesis, against the judge's own writer", timeout=30)
 def exact_fit(impl):
     check_equal(impl.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
     exact = [bytes(64 - 3 - 4)]  # one frame: header 3 + length 4 + 57 bytes = 64
@@ -54,10 +62,35 @@ def exact_fit(impl):
     check_equal(impl.pack_into(chunk, []), True, "pack_into of no frames into a 3-byte chunk")
     check_equal(bytes(chunk), b"\x00\x00\x00", "the packed bytes of no frames")
     check_equal(impl.unpack(chunk), [], "unpack of a message of 0 frames (not an overflow)")
+    for_all(MESSAGES, lambda drawn: _packs_as_the_judge(impl, *drawn),
+            examples=PROPERTY_EXAMPLES, what="(frames, chunk_bytes)")
+
+
+def _packs_as_the_judge(impl, frames: list[bytes], chunk_bytes: int) -> None:
+    """packed_size, fits and pack_into agree with the judge's writer; a chunk the judge packed
+    unpacks to the frames; an overflow writes byte 0 alone."""
+    want = _packed(frames)
+    check_equal(impl.packed_size(frames), len(want), "packed_size (header, lengths and data)")
+    check_equal(impl.fits(frames, chunk_bytes), len(want) <= chunk_bytes,
+                f"fits(frames, {chunk_bytes}) for {len(want)} packed bytes")
+    chunk = bytearray(chunk_bytes)
+    packed = impl.pack_into(chunk, frames)
+    check_equal(packed, len(want) <= chunk_bytes, f"pack_into's result for {len(want)} packed "
+                f"bytes in a {chunk_bytes}-byte chunk")
+    if packed and bytes(chunk[:len(want)]) != want:
+        raise Fail("the packed bytes are wrong (byte 0, u16 LE count, u32 LE lengths, data)",
+                   expected=want, got=bytes(chunk[:len(want)]))
+    if not packed and bytes(chunk) != b"\x01" + bytes(chunk_bytes - 1):
+        raise Fail("an overflow must write only byte 0 (the marker)", expected=b"\x01",
+                   got=bytes(chunk[:16]))
+    if len(want) <= chunk_bytes:
+        got = impl.unpack(bytearray(want + bytes(chunk_bytes - len(want))))
+        check_equal([bytes(f) for f in got], frames, "unpack of the judge's packed chunk")
 
 
 @test(input="frames: memoryview(array('i', range(10))) (40 bytes, 10 items) and b'z'; then "
-      "2-D memoryviews: bytes shaped (3, 4) and int32 shaped (2, 3)")
+      "2-D memoryviews: bytes shaped (3, 4) and int32 shaped (2, 3), and signed bytes ('b'), into "
+      "a memoryview chunk")
 def multibyte_frames(impl):
     ints = array.array("i", range(10))
     frames = [memoryview(ints), b"z"]
@@ -72,17 +105,19 @@ def multibyte_frames(impl):
     got = impl.unpack(chunk)
     check_equal([bytes(f) for f in got], [ints.tobytes(), b"z"], "unpack of the multi-byte frames")
     two_d = [memoryview(bytearray(range(12))).cast("B", (3, 4)),
-             memoryview(array.array("i", range(6))).cast("B").cast("i", (2, 3))]
+             memoryview(array.array("i", range(6))).cast("B").cast("i", (2, 3)),
+             memoryview(array.array("b", [-1, 2, -3]))]  # 1-byte items, but signed: not "B"
     chunk = memoryview(bytearray(64))  # a memoryview, like a shared-memory chunk
     try:
         packed = impl.pack_into(chunk, two_d)
     except (TypeError, ValueError, NotImplementedError) as e:
-        raise Fail("pack_into cannot write a 2-D memoryview frame: cast every frame to flat "
-                   "bytes with memoryview(frame).cast('B'), whatever its format and shape",
+        raise Fail("pack_into cannot write a 2-D memoryview frame (or a signed-byte 'b' one) "
+                   "into a memoryview chunk: cast every frame to flat bytes with "
+                   "memoryview(frame).cast('B'), whatever its format and shape",
                    expected="True", got=f"{type(e).__name__}: {e}") from None
-    check_equal(packed, True, "pack_into of two 2-D frames (12 + 24 bytes)")
+    check_equal(packed, True, "pack_into of two 2-D frames and a 'b' frame (12 + 24 + 3 bytes)")
     want = _packed(two_d)
-    check_equal(bytes(chunk[:len(want)]), want, "the packed bytes of two 2-D frames")
+    check_equal(bytes(chunk[:len(want)]), want, "the packed bytes of two 2-D frames and a 'b' one")
 
 
 @test(input="unpack a chunk, then overwrite the chunk with the next message")
@@ -126,8 +161,14 @@ def lengths_are_unsigned(impl):
         chunk = bytearray(header + bytes(64 - len(header)))
         try:
             got = impl.unpack(chunk)
-        except ValueError:
-            continue
+        except ValueError as e:
+            if "64" in re.findall(r"\d+", str(e)):
+                continue
+            raise Fail("unpack's ValueError for a 64-byte chunk whose header gives "
+                       f"{what.split('.')[0]} does not give the chunk's size: the README "
+                       "requires the message to say how many bytes the chunk has",
+                       expected="a message naming 64", got=repr(str(e)),
+                       input=f"header {header.hex(' ')}, then zeros up to 64 bytes") from None
         except Exception as e:  # struct.error, IndexError...: a crash, not the error asked for
             got = f"{type(e).__name__}: {e}"
         raise Fail(f"unpack of a 64-byte chunk whose header gives {what}: it must raise "

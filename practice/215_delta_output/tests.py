@@ -81,6 +81,10 @@ def _rows(worker) -> dict:
 
 
 def _check_worker(worker, expected: dict, when: str):
+    wrong = {rid: s.req_id for rid, s in worker.requests.items() if s.req_id != rid}
+    if wrong:
+        raise Fail(f"{when}: a CachedRequestState's req_id is not the id the worker keeps it "
+                   "under", expected=sorted(wrong), got=list(wrong.values()))
     _check_rows(_rows(worker), {rid: [list(v) if isinstance(v, tuple) else v for v in row]
                                 for rid, row in expected.items()}, when)
 
@@ -273,6 +277,38 @@ def outputs_stand_alone(impl):
     out = other.make_output([_req(impl, "r0", p, [7], [0, 1], 4, 1)], [])
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "a second encoder's scheduled_new_reqs: its workers have never seen r0")
+
+
+@test(input="five outputs built by the judge, given to your worker's update() in turn: r0 new on "
+            "blocks [0, 1]; +token 7 +block 2; +token 8; resumed on [5, 3] with +token 9; "
+            "+block 4. Each output kept and compared after every later update()")
+def worker_keeps_copies(impl):
+    sp = impl.SamplingParams(0.5, 0.9, 16)
+
+    def cached(tokens, blocks, computed, resumed=False):
+        return impl.SchedulerOutput([], impl.CachedRequestData(
+            ["r0"], {"r0"} if resumed else set(), [tokens], [blocks], [computed]), {"r0": 1}, [])
+    outputs = [impl.SchedulerOutput([impl.NewRequestData("r0", [1, 2, 3], sp, [0, 1], 0)],
+                                    impl.CachedRequestData([], set(), [], [], []), {"r0": 3}, []),
+               cached([7], [2], 3), cached([8], [], 4), cached([9], [5, 3], 0, resumed=True),
+               cached([], [4], 5)]
+    names = ["r0 new on [0, 1]", "+token 7 +block 2", "+token 8", "resumed on [5, 3]",
+             "+block 4"]
+    worker, kept = impl.WorkerState(), []
+    for i, out in enumerate(outputs):
+        kept.append((i, out, msgspec.msgpack.encode(out)))
+        worker.update(out)
+        for j, old, wire in kept:
+            if msgspec.msgpack.encode(old) != wire:
+                raise Fail(f"output {j + 1} ({names[j]}), given to your worker earlier, changed "
+                           f"when update() applied output {i + 1} ({names[i]}): the worker keeps a "
+                           "list of the message (a new request's block_ids, or a resumed "
+                           "request's new block table) in its table and then extends it. Copy "
+                           "what you keep (list(...)): the caller may still hold the output",
+                           expected=msgspec.msgpack.decode(wire),
+                           got=msgspec.msgpack.decode(msgspec.msgpack.encode(old)))
+    _check_worker(worker, {"r0": ([1, 2, 3], (0.5, 0.9, 16), [7, 8, 9], [5, 3, 4], 5)},
+                  "after the five outputs")
 
 
 # --- the judge's scheduler ---------------------------------------------------------------------

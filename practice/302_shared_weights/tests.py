@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import socket
 import threading
+import traceback
 
 import torch
 
@@ -29,6 +30,14 @@ def weights(fill: float | None = None) -> dict[str, torch.Tensor]:
     return out
 
 
+def kept_weights() -> dict[str, torch.Tensor]:
+    """weights(), freed only when the test process exits: a storage whose descriptor the
+    learner's code closed aborts the process when it is freed (see engine_copies_in_place)."""
+    ws = weights()
+    KEEP.append(ws)
+    return ws
+
+
 def sums(ws) -> dict[str, float]:
     return {n: t.sum().item() for n, t in ws.items()}
 
@@ -39,6 +48,72 @@ def is_closed(fd: int) -> bool:
     except OSError:
         return True
     return False
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _file_of_memory(t: torch.Tensor) -> tuple[int, int] | None:
+    """(device, inode) of the file mapped at a shared tensor's memory, from /proc/self/maps."""
+    ptr = t.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, _, _, dev, inode = line.split(None, 5)[:5]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= ptr < hi:
+                major, minor = (int(x, 16) for x in dev.split(":"))
+                return os.makedev(major, minor), int(inode)
+    return None
+
+
+class _MapWatch:
+    """While active, impl.map_fd keeps every storage it makes alive until the test process exits
+    and notes the descriptor that storage keeps (map_fd maps a duplicate of the one it is given,
+    often under a number just freed), and os.close notes who closes one of those. Leaving fails
+    the test if a storage lost its descriptor: the learner closed a descriptor twice. (Freed,
+    such a storage aborts the process natively, exit -6, before any verdict could name it.)"""
+
+    def __init__(self, impl, who: str):
+        self.impl, self.who = impl, who
+        self.kept: list[tuple[int, tuple[int, int] | None]] = []  # (descriptor, its file)
+        self.closers: list[str] = []
+
+    def __enter__(self) -> "_MapWatch":
+        self.real_map, self.real_close = self.impl.map_fd, os.close
+        self.impl.map_fd, os.close = self._map, self._close
+        return self
+
+    def _map(self, fd: int, nbytes: int):
+        storage = self.real_map(fd, nbytes)
+        KEEP.append(storage)
+        own, _ = storage._share_fd_cpu_()  # the storage's own descriptor
+        self.kept.append((own, _identity(own)))
+        return storage
+
+    def _close(self, fd: int) -> None:
+        if any(fd == own for own, _ in self.kept):
+            caller = traceback.extract_stack(limit=2)[0]
+            self.closers.append(f"{os.path.basename(caller.filename)} line {caller.lineno}: "
+                                f"{caller.line}")
+        self.real_close(fd)
+
+    def __exit__(self, *exc) -> None:
+        self.impl.map_fd, os.close = self.real_map, self.real_close
+        lost = [own for own, ident in self.kept if _identity(own) != ident]
+        if lost:
+            line = f", at {self.closers[0]}" if self.closers else ""
+            raise Fail(f"{self.who} closed descriptors twice{line}: map_fd had already closed "
+                       "each descriptor it was given, and the storage it returns keeps a "
+                       "duplicate, often under a number just freed, so closing the received "
+                       "numbers again closed the storages' own descriptors (freeing such a "
+                       "storage aborts the process). Remove that os.close: map_fd closes the "
+                       "descriptor", expected="every mapped storage keeps its descriptor",
+                       got=f"{len(lost)} of {len(self.kept)} lost theirs")
 
 
 @test(input="3 tensors (float32 [8, 4] and [4, 4], float64 [4]), shared and attached in one process")
@@ -53,7 +128,8 @@ def share_then_attach(impl):
     if not_shared:
         raise Fail("share() must move the trainer's own tensors into shared memory (in place, "
                    "with share_memory_()), not copies of them", got=f"not shared: {not_shared}")
-    views = impl.attach(metas, [os.dup(fd) for fd in fds])  # dups: the originals belong to ws
+    with _MapWatch(impl, "attach()"):
+        views = impl.attach(metas, [os.dup(fd) for fd in fds])  # dups: the originals belong to ws
     for name, t in ws.items():
         if not torch.equal(views[name], t):
             raise Fail(f"attach()'s {name!r} does not hold the shared values", input=name)
@@ -69,7 +145,8 @@ def share_then_attach(impl):
                 [("bfloat16", [2, 3, 4]), ("int64", [3])], "the metas of a 3-D bfloat16 and an "
                 "int64 tensor")
     try:
-        views = impl.attach(metas, [os.dup(fd) for fd in fds])
+        with _MapWatch(impl, "attach()"):
+            views = impl.attach(metas, [os.dup(fd) for fd in fds])
     except (KeyError, TypeError, AttributeError) as e:
         raise Fail(f"attach() cannot rebuild a bfloat16 or int64 tensor ({type(e).__name__}: "
                    f"{e}): take the dtype by its name from torch (getattr(torch, name)), "
@@ -143,7 +220,8 @@ def engine_copies_in_place(impl):
     thread = threading.Thread(target=trainer, daemon=True)
     thread.start()
     try:
-        impl.receive_weights(b, target)
+        with _MapWatch(impl, "receive_weights()") as watch:
+            impl.receive_weights(b, target)
     except RuntimeError as e:
         raise Fail(f"receive_weights raised RuntimeError: {e}. The engine's weights are "
                    "Parameters that require grad: copy inside torch.no_grad()") from None
@@ -173,12 +251,14 @@ def engine_copies_in_place(impl):
         if not torch.equal(t.detach(), ws[n]):
             raise Fail(f"the engine's {n!r} does not hold the trainer's {n!r}: copy by name, "
                        "and send the descriptors in the metas' order", input=where)
-    closed = [n for n, t in ws.items() if is_closed(impl.fd_of(t))]
+    engines = {own for own, _ in watch.kept}  # a number freed by the trainer, taken by map_fd
+    closed = [n for n, t in ws.items() if impl.fd_of(t) in engines
+              or _identity(impl.fd_of(t)) != _file_of_memory(t)]
     if closed:
         raise Fail("after send_weights the descriptors of the trainer's shared storages are "
                    "closed: fd_of's descriptor belongs to the storage (it hands out the same "
                    "number again next round, which by then may be another file)",
-                   got=f"closed: {closed}")
+                   got=f"closed, or their numbers now name another file: {closed}")
 
 
 def with_engine(impl, delay_s: float, body) -> None:
@@ -271,8 +351,7 @@ class _TimeoutsElapse:
             "go; each poll(t) on the trainer's end answers at once, as if t had passed",
       timeout=30)
 def ack_wait_has_no_limit(impl):
-    ws = weights()
-    KEEP.append(ws)  # freed only at exit (see engine_copies_in_place)
+    ws = kept_weights()
     target = {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in ws.items()}
     a, b = mp.Pipe()
     holding, release, returned = threading.Event(), threading.Event(), threading.Event()
@@ -371,8 +450,8 @@ def _judge_receive(conn, ws) -> None:
     conn.send_bytes(b"ack")
 
 
-def _judge_send(conn, ws) -> None:
-    """The judge's trainer side: share, the metas, the descriptors; then wait for the ack."""
+def _judge_offer(conn, ws) -> None:
+    """The judge's trainer side of a round: share, the metas, the descriptors."""
     for t in ws.values():
         t.share_memory_()
     metas = [_meta(n, t) for n, t in ws.items()]
@@ -380,6 +459,11 @@ def _judge_send(conn, ws) -> None:
     conn.send_bytes(json.dumps(metas).encode())
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         socket.send_fds(sock, [b"F"], fds)
+
+
+def _judge_send(conn, ws) -> None:
+    """The judge's trainer side: a round, then wait for the ack."""
+    _judge_offer(conn, ws)
     if not conn.poll(ENGINE_WAIT_S):
         raise Fail("your receive_weights sent no ack to the judge's trainer, which sent a JSON "
                    "frame of metas, then the descriptors (README.md's order)")
@@ -420,8 +504,7 @@ def _take_round(conn) -> None:
 @test(input="your send_weights against a judge's engine that replies b'nak' instead of b'ack'; "
             "then against one that closes the pipe without a reply", timeout=30)
 def no_ack_is_an_error(impl):
-    ws = weights()
-    KEEP.append(ws)  # freed only at exit (see engine_copies_in_place)
+    ws = kept_weights()
     for reply, what in ((b"nak", "replied b'nak'"), (None, "closed the pipe without a reply")):
         a, b = mp.Pipe()
         outcome, done = [], threading.Event()
@@ -449,3 +532,37 @@ def no_ack_is_an_error(impl):
                        "says the engine has the weights; anything else must raise (a wrong "
                        "reply RuntimeError; recv_bytes's EOFError goes through)",
                        expected="an exception", got="it returned")
+
+
+@test(input="the judge's trainer sends 3 tensors to your receive_weights in this process; the "
+            "engine's 'norm' has shape [5] where the round sends [4], so copying it raises",
+      timeout=30)
+def failed_copy_is_not_acked(impl):
+    ws = kept_weights()
+    target = {n: torch.nn.Parameter(torch.zeros(t.shape, dtype=t.dtype)) for n, t in ws.items()}
+    target["norm"] = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    a, b = mp.Pipe()
+    try:
+        _judge_offer(a, ws)
+        try:
+            impl.receive_weights(b, target)
+            raised = None
+        except Exception as e:  # what the copy raised, let through: right
+            raised = e
+        reply = a.recv_bytes() if a.poll(0) else None
+    finally:
+        a.close()
+        b.close()
+    where = "'norm': the round sends [4], the engine's weight is [5]"
+    if reply == b"ack":
+        raise Fail("receive_weights acked a round whose copy raised: the ack tells the trainer "
+                   "the engine holds the new weights, and it does not. Send b'ack' only after "
+                   "every copy succeeded (not in a finally, not after catching the error)",
+                   expected="no ack, the copy's exception raised",
+                   got=f"b'ack' ({'and ' + type(raised).__name__ if raised else 'and no error'})",
+                   input=where)
+    if raised is None:
+        raise Fail("receive_weights returned normally although copying 'norm' raised: let the "
+                   "exception through, so the engine's caller sees the round failed",
+                   expected="the copy's exception", got=f"returned, reply {reply!r}",
+                   input=where)
