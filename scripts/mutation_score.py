@@ -225,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
             text = format_result(results[-1])
             print(text + "\n", flush=True)
             write_reports(args, results, text)
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM: stop the judges still grading, then say what is left
         for proc in list(_running):
             stop(proc)
-    print(format_summary(results))
-    print(left_behind())
+        print(format_summary(results))
+        print(left_behind(), flush=True)
     return 0
 
 

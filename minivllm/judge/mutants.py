@@ -38,7 +38,8 @@ class Mutant:
 def make_mutants(source: str, name: str = "solution.py") -> list[Mutant]:
     """Every mutant of `source` that compiles and differs from it, in source order."""
     import libcst as cst
-    from mutmut.mutation.file_mutation import MutationVisitor, deep_replace, mutation_operators
+    from libcst.metadata import WhitespaceInclusivePositionProvider
+    from mutmut.mutation.file_mutation import MutationVisitor, mutation_operators
     from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
     wrapper = cst.MetadataWrapper(cst.parse_module(source))
@@ -47,10 +48,19 @@ def make_mutants(source: str, name: str = "solution.py") -> list[Mutant]:
     visitor = MutationVisitor(mutation_operators, IgnoredCode(
         pragmas.no_mutate_lines, pragmas.ignore_node_lines, set()))
     module = wrapper.visit(visitor)
+    where = wrapper.resolve(WhitespaceInclusivePositionProvider)
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
     functions = _function_spans(source)
     texts: list[str] = []
     for m in visitor.mutations:
-        text = deep_replace(module, m.original_node, m.mutated_node).code
+        # the mutated node's code spliced in where the original's was: the same program as
+        # mutmut's deep_replace gives (up to the indentation of continuation lines), 100x faster
+        span = where[m.original_node]
+        text = (source[:starts[span.start.line - 1] + span.start.column]
+                + module.code_for_node(m.mutated_node)
+                + source[starts[span.end.line - 1] + span.end.column:])
         if text != source and text not in texts and _compiles(text):
             texts.append(text)
     mutants = [_describe(source, text, name, functions) for text in texts]
@@ -90,12 +100,14 @@ def _function_spans(source: str) -> list[tuple[int, int, str]]:
 
 def _describe(source: str, text: str, name: str, functions) -> Mutant:
     old, new = source.splitlines(), text.splitlines()
+    bare_old, bare_new = [s.strip() for s in old], [s.strip() for s in new]
     removed, added, first = [], [], None
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
-        if tag != "equal":
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=bare_old, b=bare_new,
+                                                       autojunk=False).get_opcodes():
+        if tag != "equal":  # changes of indentation alone are not part of the id
             first = i1 + 1 if first is None else first
-            removed += [s.strip() for s in old[i1:i2]]
-            added += [s.strip() for s in new[j1:j2]]
+            removed += bare_old[i1:i2]
+            added += bare_new[j1:j2]
     line = first or 1
     inner = [q for lo, hi, q in functions if lo <= line <= hi]
     function = inner[-1] if inner else ""
