@@ -1,14 +1,14 @@
 """The Ray side of tests/test_ray_backend.py, run as a process on a namespace host:
 
-    python tests/ray_driver.py in_actor HEAD '{"model": ..., "tensor_parallel_size": 3, ...}' [STRATEGY]
+    python tests/ray_driver.py in_actor HEAD '{"model": ..., "tensor_parallel_size": 3}' [STRATEGY]
 
 in_actor: a Ray driver (ray.init(HEAD)) that reserves one {"CPU": 1} bundle per rank, by
-default on as many nodes (STRICT_SPREAD: a group minivllm would not build), and runs LLM(...) in an actor placed in that
-group, as vLLM is run under a Ray job that owns its resources (vLLM takes the actor's group:
-arg_utils.py:2373-2378). The actor asks for no CPU, so the bundles are the ranks' alone. It
-prints one JSON line: the greedy tokens, the group's free CPUs while the engine ran (0: its
-ranks held all of them), and the group's state after LLM exited (minivllm removes only a
-group it made).
+default on as many nodes (STRICT_SPREAD: a group minivllm would not build), and runs LLM(...)
+in an actor placed in that group, as vLLM is run under a Ray job that owns its resources (vLLM
+takes the actor's group: arg_utils.py:2373-2378). The actor asks for no CPU, so the bundles
+are the ranks' alone. It prints one JSON line: the greedy tokens, the group's free CPUs while
+the engine ran (0: its ranks held all of them), and the group's state after LLM exited
+(minivllm removes only a group it made).
 """
 
 import json
@@ -34,6 +34,11 @@ class LLMActor:
             free = ray.available_resources().get(pg_resource, 0.0)
         return {"tokens": list(out.token_ids), "pg_free_cpus": free}
 
+    def exit(self) -> None:
+        """End the actor's process with its exit hooks (LLM's run folder goes with them;
+        ray.kill would skip them)."""
+        ray.actor.exit_actor()
+
 
 def in_actor(head: str, engine_args: dict, strategy: str = "STRICT_SPREAD") -> None:
     ray.init(address=head, logging_level="WARNING")
@@ -47,7 +52,10 @@ def in_actor(head: str, engine_args: dict, strategy: str = "STRICT_SPREAD") -> N
     report = ray.get(actor.chat.remote(QUESTION, engine_args, f"CPU_group_{pg.id.hex()}"))
     report["pg_state"] = placement_group_table(pg)["state"]
     print(json.dumps(report), flush=True)
-    ray.kill(actor)
+    try:
+        ray.get(actor.exit.remote())
+    except ray.exceptions.RayActorError:
+        pass  # how a call that ends its actor returns
     ray.shutdown()
 
 

@@ -95,8 +95,11 @@ def test_without_ray_installed_the_error_says_what_to_install(monkeypatch):
 
 # --- a real cluster ------------------------------------------------------------------------
 def ray_env() -> dict[str, str]:
+    """No usage stats, Ray's temp dir on each host's own /dev/shm, and no token auth: unset,
+    a local ray.init() writes a token to ~/.ray/auth_token (shared by every user of the
+    machine), and from then on every `ray start --head` here demands it."""
     return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": RAY_TMPDIR,
-            "PYTHONPATH": os.environ.get("PYTHONPATH", REPO)}
+            "RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.environ.get("PYTHONPATH", REPO)}
 
 
 def ray_start(c: NetnsCluster, i: int) -> subprocess.Popen:
@@ -173,6 +176,13 @@ def start_leader(c: NetnsCluster, mode: str, model: str | None) -> subprocess.Po
                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def minivllm_files(c: NetnsCluster) -> dict[int, list[str]]:
+    """What lies in each host's /dev/shm and TMPDIR besides Ray's own folder, by host."""
+    found = {i: [x for x in c.leftovers(i) if x != os.path.basename(RAY_DIR)]
+             for i in range(len(c.hosts))}
+    return {i: names for i, names in found.items() if names}
+
+
 def host_processes(c: NetnsCluster, i: int) -> list[psutil.Process]:
     """What runs on host i, as psutil processes (one that exits meanwhile is left out)."""
     found = []
@@ -202,9 +212,10 @@ def test_serve_tp3_on_the_ray_cluster_answers_with_one_hosts_tokens_and_stops_cl
         ray_cluster, one_host_tp3_tokens):
     """`minivllm serve -tp 3 --distributed-executor-backend ray` on host 0 (the real model),
     with no address and no $RAY_ADDRESS: ray.init's default finds the cluster `ray start`
-    began on host 0, as vLLM's does. The official openai client on host 1: the chat answer's
-    greedy tokens are the mp backend's on one host. SIGTERM: the server exits 0, its actors' processes end, and no
-    host keeps a file of minivllm's (Ray's own folder, RAY_DIR, stays with the cluster)."""
+    began on host 0, as vLLM's does, and its ranks land one on each host. The official openai
+    client on host 1: the chat answer's greedy tokens are the mp backend's on one host.
+    SIGTERM: the server exits 0, its actors' processes end, and no host keeps a file of
+    minivllm's (Ray's own folder, RAY_DIR, stays with the cluster)."""
     c = ray_cluster
     url = f"http://{c.addresses[0]}:{HTTP_PORT}"
     t0 = time.monotonic()
@@ -227,8 +238,7 @@ def test_serve_tp3_on_the_ray_cluster_answers_with_one_hosts_tokens_and_stops_cl
     assert ranks_on == [0, 1, 2], f"the ranks ran on hosts {ranks_on}, not on the cluster's three"
     _, alive = psutil.wait_procs(ray_processes(c), timeout=STOP_WITHIN_S)
     assert alive == [], f"actors' processes still run: {alive}"
-    for i in range(len(c.hosts)):
-        assert set(c.leftovers(i)) <= {os.path.basename(RAY_DIR)}, f"host {i}: {c.leftovers(i)}"
+    assert minivllm_files(c) == {}, f"left on the hosts: {minivllm_files(c)}"
 
 
 def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
@@ -274,6 +284,10 @@ def test_llm_in_a_ray_actor_takes_the_actors_placement_group(ray_cluster, tiny_d
     assert report["pg_state"] == "CREATED", report
     _, alive = psutil.wait_procs(ray_processes(c), timeout=STOP_WITHIN_S)
     assert alive == [], f"actors' processes still run: {alive}"
+    deadline = time.monotonic() + STOP_WITHIN_S  # the actor's process exits after its reply
+    while minivllm_files(c) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert minivllm_files(c) == {}, f"left on the hosts: {minivllm_files(c)}"
 
 
 def test_no_cluster_anywhere_starts_a_local_ray_and_stops_it(tiny_dir):
