@@ -94,11 +94,12 @@ def _sglang(ax) -> None:
     box(ax, 0.5, 3.5, 3.5, 1.4, "Scheduler TP0\nschedule + model shard", "#fde2c8")
     box(ax, 6, 3.5, 3.5, 1.4, "DetokenizerManager\nbatch detokenize", "#f8d7d7")
     box(ax, 0.5, 0.4, 3.5, 1.4, "Scheduler TP1\nschedule + model shard", "#fde2c8")
-    _down(ax, 2, 6, 4.9, "requests: ZMQ PUSH, ipc://")
-    _down(ax, 8, 4.9, 6, "text: ZMQ PUSH, ipc://", side="right")
+    _down(ax, 1.3, 6, 4.9, "requests:\nZMQ PUSH")
+    _down(ax, 3.3, 4.9, 6, "control replies,\naborts: ZMQ PUSH")
+    _down(ax, 8, 4.9, 6, "text:\nZMQ PUSH", side="right")
     arrow(ax, 4.0, 4.2, 6.0, 4.2)
     ax.text(5, 4.3, "token ids\n(PUSH)", ha="center", va="bottom", fontsize=8)
-    _down(ax, 2.25, 3.5, 1.8, "new requests: broadcast_pyobj\n(torch.distributed, CPU group)")
+    _down(ax, 2.25, 3.5, 1.8, "every request: broadcast_pyobj\n(torch.distributed, CPU group)")
     ax.set_title("SGLang 0.5.23, launch_server --tp 2", fontsize=10)
 
 
@@ -110,8 +111,8 @@ def draw_layouts(path: Path | None = None):
         ax.set_xlim(0, 10)
         ax.set_ylim(0, 7.6)
         ax.axis("off")
-    fig.suptitle("The same serving job, cut into processes two ways (arrows: ZMQ ipc:// or "
-                 "shared memory)", fontsize=11)
+    fig.suptitle("The same serving job, cut into processes two ways (arrows: ZMQ ipc://, "
+                 "shared memory or torch.distributed)", fontsize=11)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)

@@ -1,10 +1,12 @@
-"""The Ray backend (executor/ray_executor.py): a clear error at once without Ray or without a
-cluster; and TP=3 on a real three-node Ray cluster (a head and two workers), each node a
-network-namespace host of its own (utils/netns_cluster.py: root only), so the cluster's ports
-and files meet no other run. Ray starts the ranks as actors; the ring, the replies and gloo
-cross the hosts as TCP, as with --nnodes (tests/test_multinode_netns.py). The cluster
-serves `minivllm serve` end to end (the same tokens as the mp backend on one host), then
-LLM(...) until rank 0's actor is killed.
+"""The Ray backend (executor/ray_executor.py): a clear error at once without Ray or where an
+address given has no cluster; and TP=3 on a real three-node Ray cluster (a head and two
+workers), each node a network-namespace host of its own (utils/netns_cluster.py: root only),
+so the cluster's ports and files meet no other run. Ray starts the ranks as actors; the ring,
+the replies and gloo cross the hosts as TCP, as with --nnodes (tests/test_multinode_netns.py).
+The cluster serves `minivllm serve` end to end, found as vLLM finds it (no address: the one
+`ray start` began on that node), with the same tokens as the mp backend on one host; then
+LLM(...) in a Ray actor takes the actor's placement group; then LLM(...) runs until rank 0's
+actor is killed. On a host with no cluster, LLM(...) starts a local Ray and stops it again.
 
 Stopping the cluster: never `ray stop` (it stops every Ray process of the machine, other
 users' too): the test ends the processes in its own hosts' namespaces, and checks that no
@@ -31,11 +33,19 @@ from test_multinode_netns import wait_until_generating
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, "tests", "multinode_driver.py")
+RAY_DRIVER = os.path.join(REPO, "tests", "ray_driver.py")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 GCS_PORT = 6379  # each cluster has its own network: no other program holds it there
-RAY_DIR = "/dev/shm/ray"  # Ray's temp dir: the same path on every host, private to each
+# Ray's temp dir, the same path on every host, private to each: Ray's default ($RAY_TMPDIR/ray)
+# for every process of the test, so ray.init() finds the cluster `ray start` began on its host
+# (ray_current_cluster there), as it finds /tmp/ray's on a machine
+RAY_TMPDIR = "/dev/shm"
+RAY_DIR = os.path.join(RAY_TMPDIR, "ray")
 # Ray's smallest object store (75 MiB); minivllm passes nothing through it
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
+# ray.init's local object store, as a share of RAM (Ray's variable): ~100 MiB, within the
+# host's /dev/shm (utils/netns_cluster.SHM_SIZE)
+LOCAL_STORE_SHARE = f"{100 * 2**20 / psutil.virtual_memory().total:.6f}"
 RAY_START_TIMEOUT_S = 120.0
 CLI_TIMEOUT_S = 300.0  # a hang check: the CLI imports torch and Ray (over 60 s at load 20)
 # Ray waits a fixed 30 s for its raylet to register (ray/_private/node.py); on a loaded 2-core
@@ -54,14 +64,18 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=CLI_TIMEOUT_S, env={**os.environ, **(env or {})})
 
 
-def test_no_cluster_fails_at_once_saying_how_to_start_one(monkeypatch):
-    """No address, and an address where no head answers: LLM's config check here; the CLI
-    (one process start: it imports Ray and torch) on the second, with no traceback."""
+def test_an_address_with_no_cluster_fails_at_once_saying_how_to_start_one(monkeypatch):
+    """An address where no head answers, given as ray_address, --ray-address (serve's own
+    check, in this process) or $RAY_ADDRESS (the CLI: one process start, it imports Ray and
+    torch): an error at once, with no traceback. No address at all is not an error: ray.init
+    finds or starts a cluster (test_no_cluster_anywhere_...)."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    for address in (None, NO_CLUSTER):
-        with pytest.raises(ValueError, match="ray start --head"):
-            EngineConfig(tensor_parallel_size=3, distributed_executor_backend="ray",
-                         ray_address=address)
+    with pytest.raises(ValueError, match="ray start --head"):
+        EngineConfig(tensor_parallel_size=3, distributed_executor_backend="ray",
+                     ray_address=NO_CLUSTER)
+    with pytest.raises(SystemExit, match="ray start --head"):
+        serve.main(["-tp", "3", "--distributed-executor-backend", "ray",
+                    "--ray-address", NO_CLUSTER])
     r = cli("-m", "minivllm.cli", "serve", "-tp", "3", "--distributed-executor-backend",
             "ray", env={"RAY_ADDRESS": NO_CLUSTER})
     assert r.returncode != 0 and "ray start --head" in r.stderr, r.stderr[-2000:]
@@ -81,14 +95,18 @@ def test_without_ray_installed_the_error_says_what_to_install(monkeypatch):
 
 # --- a real cluster ------------------------------------------------------------------------
 def ray_env() -> dict[str, str]:
-    return {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.environ.get("PYTHONPATH", REPO)}
+    """No usage stats, Ray's temp dir on each host's own /dev/shm, and no token auth: unset,
+    a local ray.init() writes a token to ~/.ray/auth_token (shared by every user of the
+    machine), and from then on every `ray start --head` here demands it."""
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": RAY_TMPDIR,
+            "RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.environ.get("PYTHONPATH", REPO)}
 
 
 def ray_start(c: NetnsCluster, i: int) -> subprocess.Popen:
     """`ray start` on host i (the head on host 0): one CPU, no dashboard, no log monitor
     (actors' output stays in RAY_DIR's log files: one Python process less per node), a
     small object store; it returns once the node's daemons run."""
-    common = ["--num-cpus=1", f"--temp-dir={RAY_DIR}", "--disable-usage-stats",
+    common = ["--num-cpus=1", "--disable-usage-stats",
               "--include-log-monitor=false",
               f"--object-store-memory={OBJECT_STORE_BYTES}", f"--node-ip-address={c.addresses[i]}"]
     role = ([f"--port={GCS_PORT}", "--include-dashboard=false"]
@@ -158,13 +176,33 @@ def start_leader(c: NetnsCluster, mode: str, model: str | None) -> subprocess.Po
                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def ray_processes(c: NetnsCluster) -> list[psutil.Process]:
-    """The Ray worker processes of minivllm's actors on every host (ray::RayWorker...)."""
+def minivllm_files(c: NetnsCluster) -> dict[int, list[str]]:
+    """What lies in each host's /dev/shm and TMPDIR besides Ray's own folder, by host."""
+    found = {i: [x for x in c.leftovers(i) if x != os.path.basename(RAY_DIR)]
+             for i in range(len(c.hosts))}
+    return {i: names for i, names in found.items() if names}
+
+
+def host_processes(c: NetnsCluster, i: int) -> list[psutil.Process]:
+    """What runs on host i, as psutil processes (one that exits meanwhile is left out)."""
     found = []
-    for pid in [p for i in range(len(c.hosts)) for p in c.processes(i)]:
+    for pid in c.processes(i):
         try:
-            if "RayWorker" in " ".join(psutil.Process(pid).cmdline()):
-                found.append(psutil.Process(pid))
+            found.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return found
+
+
+def ray_processes(c: NetnsCluster, hosts: list[int] | None = None) -> list[psutil.Process]:
+    """The Ray worker processes of minivllm's actors on these hosts (default: every host),
+    titled ray::RayWorker..."""
+    found = []
+    for p in [p for i in (range(len(c.hosts)) if hosts is None else hosts)
+              for p in host_processes(c, i)]:
+        try:
+            if "RayWorker" in " ".join(p.cmdline()):
+                found.append(p)
         except psutil.Error:
             pass  # exited meanwhile
     return found
@@ -173,21 +211,23 @@ def ray_processes(c: NetnsCluster) -> list[psutil.Process]:
 def test_serve_tp3_on_the_ray_cluster_answers_with_one_hosts_tokens_and_stops_clean(
         ray_cluster, one_host_tp3_tokens):
     """`minivllm serve -tp 3 --distributed-executor-backend ray` on host 0 (the real model),
-    the official openai client on host 1: the chat answer's greedy tokens are the mp
-    backend's on one host. SIGTERM: the server exits 0, its actors' processes end, and no
-    host keeps a file of minivllm's (Ray's own folder, RAY_DIR, stays with the cluster)."""
+    with no address and no $RAY_ADDRESS: ray.init's default finds the cluster `ray start`
+    began on host 0, as vLLM's does, and its ranks land one on each host. The official openai
+    client on host 1: the chat answer's greedy tokens are the mp backend's on one host.
+    SIGTERM: the server exits 0, its actors' processes end, and no host keeps a file of
+    minivllm's (Ray's own folder, RAY_DIR, stays with the cluster)."""
     c = ray_cluster
     url = f"http://{c.addresses[0]}:{HTTP_PORT}"
     t0 = time.monotonic()
     server = c.popen(0, [sys.executable, "-m", "minivllm.cli", "serve", "--host", c.addresses[0],
                          "--port", str(HTTP_PORT), "-tp", "3", "--num-threads", "1",
-                         "--distributed-executor-backend", "ray",
-                         "--ray-address", f"{c.addresses[0]}:{GCS_PORT}"],
+                         "--distributed-executor-backend", "ray"],
                      env=ray_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = c.popen(1, [sys.executable, DRIVER, "chat", json.dumps({"url": url})],
                      stdout=subprocess.PIPE, text=True)
     reply = client.communicate(timeout=RUN_TIMEOUT_S)[0]
     print(f"serve, TP=3 over Ray, start and one chat completion: {time.monotonic() - t0:.1f} s")
+    ranks_on = sorted(i for i in range(len(c.hosts)) for _ in ray_processes(c, [i]))
     server.send_signal(signal.SIGTERM)
     out = server.communicate(timeout=RUN_TIMEOUT_S)[0]
     assert client.returncode == 0 and reply, out[-4000:]
@@ -195,10 +235,10 @@ def test_serve_tp3_on_the_ray_cluster_answers_with_one_hosts_tokens_and_stops_cl
     assert "Paris" in answer["text"] and answer["tokens"] == one_host_tp3_tokens, answer
     assert server.returncode == 0, out[-4000:]
     assert "Ray actor" not in out  # no rank was reported dead
+    assert ranks_on == [0, 1, 2], f"the ranks ran on hosts {ranks_on}, not on the cluster's three"
     _, alive = psutil.wait_procs(ray_processes(c), timeout=STOP_WITHIN_S)
     assert alive == [], f"actors' processes still run: {alive}"
-    for i in range(len(c.hosts)):
-        assert set(c.leftovers(i)) <= {os.path.basename(RAY_DIR)}, f"host {i}: {c.leftovers(i)}"
+    assert minivllm_files(c) == {}, f"left on the hosts: {minivllm_files(c)}"
 
 
 def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
@@ -224,3 +264,56 @@ def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
     print(f"kill -9 of rank 0's actor -> EngineDeadError in {report['dead_at'] - killed:.2f} s")
     assert report["error"], out[-4000:]
     assert f"worker 0 (Ray actor on {c.addresses[0]}) died (ActorDiedError" in out, out[-4000:]
+
+
+def test_llm_in_a_ray_actor_takes_the_actors_placement_group(ray_cluster, tiny_dir):
+    """tests/ray_driver.py: a Ray job reserves one CPU on each node (STRICT_SPREAD), every
+    CPU of the cluster, and runs LLM(TP=3, ray, no address) in an actor placed in that group.
+    The ranks take its bundles (the group has no free CPU while the engine runs; a group of
+    minivllm's own could not be placed at all), and the group outlives the engine."""
+    c = ray_cluster
+    args = dict(model=tiny_dir, tensor_parallel_size=3, distributed_executor_backend="ray",
+                num_threads=1)
+    driver = c.popen(0, [sys.executable, RAY_DRIVER, "in_actor", f"{c.addresses[0]}:{GCS_PORT}",
+                         json.dumps(args)], env=ray_env(), stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True)
+    out = driver.communicate(timeout=RUN_TIMEOUT_S)[0]
+    assert driver.returncode == 0, out[-4000:]
+    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert len(report["tokens"]) == 8 and report["pg_free_cpus"] == 0, report
+    assert report["pg_state"] == "CREATED", report
+    _, alive = psutil.wait_procs(ray_processes(c), timeout=STOP_WITHIN_S)
+    assert alive == [], f"actors' processes still run: {alive}"
+    deadline = time.monotonic() + STOP_WITHIN_S  # the actor's process exits after its reply
+    while minivllm_files(c) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert minivllm_files(c) == {}, f"left on the hosts: {minivllm_files(c)}"
+
+
+def test_no_cluster_anywhere_starts_a_local_ray_and_stops_it(tiny_dir):
+    """A host with no Ray cluster, no address, no $RAY_ADDRESS: LLM(ray backend) starts a
+    local Ray instance (ray.init's default, as vLLM's), places its rank there, and its
+    shutdown stops that instance: no process is left on the host. TP=1: the local instance
+    has this machine's CPUs, and the tiny model splits only by 3."""
+    why = netns_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    args = dict(model=tiny_dir, distributed_executor_backend="ray", num_threads=1)
+    env = {**ray_env(), "RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION": LOCAL_STORE_SHARE}
+    with NetnsCluster(1) as c:
+        for _ in range(RAY_START_TRIES):
+            t0 = time.monotonic()
+            leader = c.popen(0, [sys.executable, DRIVER, "generate", json.dumps(args)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            out = leader.communicate(timeout=RUN_TIMEOUT_S)[0]
+            print(f"local Ray start, one rank and one chat: {time.monotonic() - t0:.1f} s")
+            if not (leader.returncode and RAY_SLOW_START in out):
+                break
+            print("ray.init's local start timed out (load?), again")
+            c.stop_processes(0)
+            c.sh(0, f"rm -rf {RAY_DIR}")
+        assert leader.returncode == 0, out[-4000:]
+        assert len(json.loads(out.splitlines()[-1])["tokens"]) == 8, out[-4000:]
+        _, alive = psutil.wait_procs(host_processes(c, 0), timeout=STOP_WITHIN_S)
+        assert alive == [], f"the local Ray's processes still run: {alive}"
+        c.sh(0, f"rm -rf {RAY_DIR}")

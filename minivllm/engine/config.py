@@ -64,7 +64,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
     # "uni" | "mp" | "ray" (TP ranks as Ray actors: executor/ray_executor.py); None: "mp" if TP > 1
     distributed_executor_backend: str | None = None
-    ray_address: str | None = None  # the ray backend's cluster head, HOST:PORT; None: $RAY_ADDRESS
+    # the ray backend's cluster head, HOST:PORT; None: $RAY_ADDRESS, else ray.init's default
+    ray_address: str | None = None
+    # the ray backend's ranks go in its bundles (vLLM's ParallelConfig.placement_group); None:
+    # the Ray actor's own group if LLM runs in one, else a new group (executor/ray_utils.py)
+    placement_group: object = None
     # Multi-node tensor parallelism (vLLM's ParallelConfig, vllm/config/parallel.py (ParallelConfig)):
     # the TP ranks are split evenly over nnodes nodes; node 0 (the leader) runs the engine
     # core, the others run `minivllm serve --headless`. master_addr:master_port is where the
@@ -169,8 +173,9 @@ class EngineConfig:
             raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or 'ray', got "
                              f"{self.distributed_executor_backend!r}")
         if self.distributed_executor_backend == "ray":  # Ray places the nodes: nnodes stays 1
-            from minivllm.executor.ray_utils import check_ray_cluster
+            from minivllm.executor.ray_utils import check_ray_cluster, current_placement_group
             self.ray_address = check_ray_cluster(self.ray_address)
+            self.placement_group = self.placement_group or current_placement_group()
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError("the 'uni' executor runs one worker in the engine core's process: "
                              "use distributed_executor_backend='mp' (or 'ray') for "

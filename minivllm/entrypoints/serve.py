@@ -102,7 +102,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="how the TP workers start: processes of this node (mp, the default "
                         "for -tp > 1) or Ray actors on a running Ray cluster's nodes (ray)")
     p.add_argument("--ray-address", default=None,
-                   help="the Ray cluster's head, HOST:PORT (default: $RAY_ADDRESS)")
+                   help="the Ray cluster's head, HOST:PORT (default: $RAY_ADDRESS, else "
+                        "ray.init's: the cluster `ray start` began on this node, else a new "
+                        "local one)")
     add_node_flags(p)
     return p
 

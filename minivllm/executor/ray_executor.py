@@ -2,16 +2,17 @@
 plane (vLLM: RayExecutorV2 in vllm/v1/executor/ray_executor_v2.py).
 
     Ray cluster: head + worker nodes        the engine core (a Ray driver on one node)
-    placement group, one {"CPU": 1} bundle  ── ring (shm) ──> ranks on the driver's node
-    per TP rank (PACK, as vLLM)             ── XPUB tcp ────> ranks on the other nodes
+    placement group: one {"CPU": 1} bundle  ── ring (shm) ──> ranks on the driver's node
+    per TP rank (PACK, as vLLM), or yours   ── XPUB tcp ────> ranks on the other nodes
     each rank: a RayWorker actor in its     <── replies: shm (driver's node) or tcp ──
     bundle, running WorkerProc              gloo over TCP, its TCPStore in rank 0
     health: ray.wait on each actor's run() reference, and PeerWatch on the tcp replies
 
 What Ray does: find CPUs on the nodes, start one process per rank there, and say when one
 ends. What it does not: carry a step's bytes; they take the ring and TCP exactly as with
-`--nnodes` (worker/multinode.py). The bundles are sorted so the driver's node holds ranks
-0..L-1, and every node must hold the same number L (minivllm's multi-node layout).
+`--nnodes` (worker/multinode.py). Where the cluster and the placement group come from:
+ray_utils.py. The bundles are sorted as vLLM's, so the driver's node holds ranks 0..L-1;
+every node must hold the same number L (minivllm's multi-node layout), where vLLM takes any.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 from minivllm.distributed.parallel_state import get_open_port
 from minivllm.executor.multiproc_executor import MultiprocExecutor, WorkerProcHandle
-from minivllm.executor.ray_utils import HOW_TO_START
+from minivllm.executor.ray_utils import (DEVICE_KEY, HOW_TO_START, bundles_sorted_by_node,
+                                         current_placement_group, rank_bundles)
 from minivllm.utils.mp import STOP_GRACE_S
 from minivllm.worker.worker_proc import unlink_queue_files
 
@@ -76,49 +78,40 @@ class RayWorker:
         self.proc.wake_up()
 
 
-def ray_layout(pg: Any, driver_node: str) -> tuple[list[int], list[str], int]:
-    """The bundle index of each rank (the driver's node first, then by address), the address
-    of each rank's node, and the ranks per node; ValueError unless every node holds as many
-    ranks as the driver's (minivllm's multi-node layout)."""
+def ray_layout(pg: Any, world_size: int) -> tuple[list[int], list[str], int]:
+    """The bundle index of each rank (vLLM's order: the driver's node first), the address of
+    each rank's node, and the ranks per node; ValueError unless every node holds as many
+    ranks as the driver's (minivllm's multi-node layout; vLLM also takes uneven ones)."""
     import ray
-    from ray.util import placement_group_table
+    driver = ray.get_runtime_context().get_node_id()
+    placed = bundles_sorted_by_node(pg, rank_bundles(pg, world_size), driver)[:world_size]
     ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-    bundle_node = placement_group_table(pg)["bundles_to_node_id"]
-    order = sorted(bundle_node, key=lambda b: (bundle_node[b] != driver_node,
-                                               ip.get(bundle_node[b], ""), b))
-    nodes = list(bundle_node.values())
+    nodes = [node for _, node in placed]
     counts = {ip.get(n, n): nodes.count(n) for n in nodes}
-    if driver_node not in nodes or len(set(counts.values())) > 1:
+    if nodes[0] != driver or len(set(counts.values())) > 1:
         raise ValueError(f"Ray placed the TP ranks as {counts} (node: ranks), the driver on "
-                         f"{ip.get(driver_node, driver_node)}: minivllm needs the driver's node "
-                         "to hold ranks and every node as many; give each node the same "
-                         "--num-cpus")
-    return order, [ip.get(bundle_node[b], "?") for b in order], nodes.count(driver_node)
+                         f"{ip.get(driver, driver)}: minivllm needs the driver's node to hold "
+                         "ranks and every node as many; give each node the same --num-cpus "
+                         "(or a placement group with as many bundles on each node)")
+    return [b for b, _ in placed], [ip.get(n, "?") for n in nodes], nodes.count(driver)
 
 
 class RayExecutor(MultiprocExecutor):
     def _init_executor(self) -> None:
         import ray
-        from ray.util import placement_group
         self._ray_owner = not ray.is_initialized()  # ray.shutdown() at the end only if so
-        if self._ray_owner:
-            ray.init(address=self.config.ray_address, logging_level=logging.WARNING)
+        if self._ray_owner:  # address None: ray.init's default (ray_utils.py's docstring);
+            # a local instance starts without Ray's dashboard (vLLM keeps Ray's default)
+            ray.init(address=self.config.ray_address, include_dashboard=False,
+                     logging_level=logging.WARNING)
         self._monitor: threading.Thread | None = None
         self.actors: list[Any] = []
         self.run_refs: list[Any] = []
+        self.pg, self._pg_owner = None, False  # _release removes the group only if ours
+        self._take_placement_group()
         tp = self.config.tensor_parallel_size
-        self.pg = placement_group([{"CPU": 1}] * tp, strategy="PACK")  # vLLM's strategy
         try:
-            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            self._release()
-            raise RuntimeError(f"the Ray cluster at {self.config.ray_address} has no {tp} free "
-                               f"CPUs for tensor_parallel_size={tp} (it has "
-                               f"{ray.available_resources().get('CPU', 0):g}): add nodes or "
-                               f"CPUs; {HOW_TO_START}") from None
-        try:
-            self.bundles, self.node_ips, local = ray_layout(
-                self.pg, ray.get_runtime_context().get_node_id())
+            self.bundles, self.node_ips, local = ray_layout(self.pg, tp)
         except ValueError:
             self._release()
             raise
@@ -128,8 +121,34 @@ class RayExecutor(MultiprocExecutor):
         config.master_addr = ray.util.get_node_ip_address()
         config.master_port = get_open_port()
         self.config = config
-        logger.info("ray: %d ranks on %d node(s), %d per node", tp, config.nnodes, local)
+        logger.info("ray: %d ranks on %d node(s), %d per node, cluster %s", tp, config.nnodes,
+                    local, ray.get_runtime_context().gcs_address)
         super()._init_executor()
+
+    def _take_placement_group(self) -> None:
+        """The config's placement group, else this actor's, else a new one (PACK, one
+        {"CPU": 1} bundle per rank, as vLLM's), once it is ready."""
+        import ray
+        from ray.util import placement_group
+        tp = self.config.tensor_parallel_size
+        self.pg = self.config.placement_group or current_placement_group()
+        if self.pg is None:
+            cpus = ray.cluster_resources().get(DEVICE_KEY, 0)
+            if cpus < tp:  # vLLM waits for the cluster to grow; minivllm says so at once
+                self._release()
+                raise RuntimeError(f"the Ray cluster has {cpus:g} CPUs in all, "
+                                   f"tensor_parallel_size={tp} needs {tp}: add nodes or CPUs;"
+                                   f" {HOW_TO_START}")
+            self.pg = placement_group([{DEVICE_KEY: 1}] * tp, strategy="PACK")
+            self._pg_owner = True
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            specs = self.pg.bundle_specs
+            self._release()
+            raise RuntimeError(f"Ray could not place the bundles {specs} within "
+                               f"{PLACEMENT_TIMEOUT_S:g} s (free: {ray.available_resources()})"
+                               ": other jobs hold the CPUs (`ray status`)") from None
 
     def _start_workers(self) -> None:
         import ray
@@ -221,10 +240,14 @@ class RayExecutor(MultiprocExecutor):
         self._release()
 
     def _release(self) -> None:
+        """Remove the placement group if this executor made it (one it was given stays),
+        and leave Ray if this executor joined or started it."""
         import ray
         from ray.util import remove_placement_group
         if ray.is_initialized():
-            remove_placement_group(self.pg)
+            if self._pg_owner:
+                remove_placement_group(self.pg)
+                self._pg_owner = False
             if self._ray_owner:
                 ray.shutdown()
 
