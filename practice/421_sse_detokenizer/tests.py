@@ -164,7 +164,7 @@ def _check_edge_streams(impl):
 
 
 @test(input="'<|im_start|>ok<|im_end|>' with skip_special_tokens True and False; <|im_end|> "
-            "between the two halves of 'é'")
+            "between the two halves of 'é'; F0 9F, <|im_end|>, 'ok' kept")
 def special_tokens(impl):
     t = tok()
     end, start = t.eos_token_id, t.backend.token_to_id("<|im_start|>")
@@ -183,6 +183,12 @@ def special_tokens(impl):
                                     "meet), A9", skip=True), "é",
                 "C3, <|im_end|>, A9 with skip_special_tokens=True (the skipped token is not "
                 "there: the two bytes meet)")
+    kept = byte_ids(b"\xf0\x9f") + [end] + t.encode("ok")
+    check_equal(replay(impl, kept, "F0 9F, <|im_end|> kept (skip_special_tokens=False), 'ok': "
+                                   "the special token's text comes in its place, after the "
+                                   "bytes pending before it", skip=False),
+                "\ufffd<|im_end|>ok", "F0 9F, <|im_end|>, 'ok' with skip_special_tokens=False "
+                "(the pending F0 9F can no longer become a character: U+FFFD, then the text)")
 
 
 def read_events(sock) -> list[bytes]:
