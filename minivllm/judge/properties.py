@@ -1,0 +1,58 @@
+"""Property tests for an exercise whose contract is over inputs (a wire format, a batch layout).
+
+`for_all(strategy, check, examples=..., what=...)` runs `check` on examples that hypothesis
+draws from `strategy`, the same ones on every run (derandomized, a fixed number, no deadline, no
+example database), so a verdict never changes between runs or machines. On a failure hypothesis
+shrinks the example, and the Fail the learner reads names that smallest failing example.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import strategies as st
+
+from minivllm.judge.api import _MISSING, Fail
+
+__all__ = ["for_all", "st"]
+
+
+def for_all(strategy: st.SearchStrategy, check: Callable[[Any], None], *, examples: int,
+            what: str) -> None:
+    """check(example) for `examples` examples of strategy; raise Fail on the smallest that fails.
+
+    check raises Fail (or anything else: the learner's code crashed) for a wrong answer. `what`
+    says what an example is ("a batch"), for the message."""
+    tried: list[Any] = []
+
+    @settings(derandomize=True, max_examples=examples, deadline=None, database=None,
+              verbosity=Verbosity.quiet, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(example):
+        tried[:] = [example]  # hypothesis runs the shrunk example last, before it re-raises
+        check(example)
+
+    try:
+        run()
+    except Fail as e:
+        raise Fail(e.message, expected=_raw(e.expected), got=_raw(e.got),
+                   input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)",
+                   detail=e.detail) from None
+    except Exception as e:  # the learner's code raised: show the example that makes it
+        raise Fail(f"your code raised {type(e).__name__}: {e}", expected="no exception",
+                   got=f"{type(e).__name__}: {e}",
+                   input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)"
+                   ) from None
+
+
+class _Shown(str):
+    """A value Fail already turned into text: shown as it is, not quoted again."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _raw(text: str | None) -> Any:
+    return _MISSING if text is None else _Shown(text)
