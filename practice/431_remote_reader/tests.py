@@ -79,8 +79,16 @@ def _bench(impl, n: int, ready: bool = False):
                 r.wait_until_ready(HANG_S)
         yield w, readers
     finally:
-        for r in readers:
-            r.close()
+        for i, r in enumerate(readers):
+            t, out = _call(r.close)
+            if t.is_alive():
+                raise Fail(f"reader {i}'s close() did not return within {HANG_S:g} s while "
+                           f"{len(readers) - i - 1} other reader(s) of this process were still "
+                           "open: its ctx.term() waits for their sockets, so the readers share "
+                           "one context. Each RemoteReader makes its own zmq.Context(), never "
+                           "the process-wide zmq.Context.instance()")
+            if "error" in out:
+                raise out["error"]
         w.close()
 
 
