@@ -88,14 +88,30 @@ def replay(impl, ids, what, skip=True, batch=1):
     return sent + d.flush()
 
 
-@test(input="each text of: " + " | ".join(repr(t) for t in TEXTS) + ", one token per push; "
+@test(input="token_bytes of the id one past the vocabulary; each text of: "
+            + " | ".join(repr(t) for t in TEXTS) + ", one token per push; "
             "then two detokenizers pushed in turn, one byte token each: '東京🤗' and 'é👩'")
 def one_token_at_a_time(impl):
+    _check_unknown_id(impl)
     for text in TEXTS:
         ids = tok().encode(text)
         check_equal(replay(impl, ids, repr(text)), text,
                     f"everything sent for {text!r}, flush() included")
     _check_two_at_once(impl, ["東京🤗", "é👩"])
+
+
+def _check_unknown_id(impl):
+    n = tok().vocab_size
+    try:
+        got = impl.token_bytes(tok(), n)
+    except ValueError as e:
+        if str(n) not in str(e) or f"0..{n - 1}" not in str(e):
+            raise Fail(f"token_bytes(tokenizer, {n}) (given code): the ValueError must name the id "
+                       "and the vocabulary's range", expected=f"... {n} ... (0..{n - 1})",
+                       got=str(e)) from None
+        return
+    raise Fail(f"token_bytes(tokenizer, {n}) (given code) must raise ValueError: the vocabulary "
+               f"has ids 0..{n - 1}", got=got)
 
 
 def _check_two_at_once(impl, texts):
@@ -254,7 +270,10 @@ def sse_wire(impl):
     for raw in ("a\nb", "a\rb"):
         try:
             got = impl.sse_event(raw)
-        except ValueError:
+        except ValueError as e:
+            if "line break" not in str(e).lower():
+                raise Fail(f"sse_event({raw!r}) raised ValueError without saying why: name the "
+                           "line break", expected="... line break ...", got=str(e)) from None
             continue
         raise Fail(f"sse_event({raw!r}) must raise ValueError: a raw line break (\\n or \\r) "
                    "ends the data line, and the reader takes the rest for another field",
