@@ -271,7 +271,8 @@ def _subscriber(ctx, address):
 
 
 @test(input="your wait_for_readers on the judge's XPUB: (a) 2 of 3 SUBs subscribed, the "
-            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2; (c) n=0, no SUB",
+            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2; (c) n=0, no SUB; "
+            "(d) n=1 with timeout 0.5, the SUB's subscription already in",
       timeout=20)
 def writer_waits_for_every_reader(impl):
     w, ctx = Writer(), zmq.Context()
@@ -293,10 +294,29 @@ def writer_waits_for_every_reader(impl):
                            "readers have subscribed, send READY, which they wait for", got=got)
         _reader_leaves(impl, ctx)
         _no_readers(impl)
+        _short_timeout(impl, ctx)
     finally:
         for s in subs:
             s.close()
         ctx.term()
+        w.close()
+
+
+def _short_timeout(impl, ctx) -> None:
+    """A subscription already in the XPUB: wait_for_readers(xpub, 1, 0.5) takes it."""
+    w = Writer()
+    sub = _subscriber(ctx, w.address)
+    try:
+        while not sub.poll(20):  # until the XPUB has taken the subscription in
+            w.sock.send(b"probe")
+        try:
+            impl.wait_for_readers(w.sock, 1, 0.5)
+        except TimeoutError as e:
+            raise Fail("wait_for_readers(xpub, 1, 0.5) raised TimeoutError although the reader's "
+                       "subscription was already in the XPUB: a timeout under one second still "
+                       "waits for what is there", got=str(e)) from None
+    finally:
+        sub.close()
         w.close()
 
 
