@@ -304,11 +304,8 @@ def writer_waits_for_every_reader(impl):
 
 def _short_timeout(impl, ctx) -> None:
     """A subscription already in the XPUB: wait_for_readers(xpub, 1, 0.5) takes it."""
-    w = Writer()
-    sub = _subscriber(ctx, w.address)
+    w, sub = _taken_in(ctx)
     try:
-        while not sub.poll(20):  # until the XPUB has taken the subscription in
-            w.sock.send(b"probe")
         try:
             impl.wait_for_readers(w.sock, 1, 0.5)
         except TimeoutError as e:
@@ -320,12 +317,18 @@ def _short_timeout(impl, ctx) -> None:
         w.close()
 
 
-def _reader_leaves(impl, ctx) -> None:
+def _taken_in(ctx):
+    """A writer and one SUB whose subscription the writer's XPUB has taken in."""
     w = Writer()
     sub = _subscriber(ctx, w.address)
+    while not sub.poll(20):
+        w.sock.send(b"probe")
+    return w, sub
+
+
+def _reader_leaves(impl, ctx) -> None:
+    w, sub = _taken_in(ctx)
     try:
-        while not sub.poll(20):  # until the XPUB has taken the subscription in
-            w.sock.send(b"probe")
         sub.close()  # subscribed, now leaves: the XPUB holds b"\x01" then b"\x00"
         try:  # the leave reaches the XPUB in milliseconds; the timeout stretches with load
             impl.wait_for_readers(w.sock, 2, LEAVE_T)
