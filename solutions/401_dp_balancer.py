@@ -56,21 +56,21 @@ class DPLBClient:
         self.reqs_in_flight: dict[str, int] = {}
         self.engine_inflight = [0] * n_engines
         self.start_index = 0  # where the next scan starts: ties rotate
+        self.ready: set[int] = set()  # the ranks whose READY came, in any call
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(EngineOutputs)
 
     def wait_ready(self, timeout: float) -> list[int]:
         deadline = time.monotonic() + timeout
-        seen: set[int] = set()
-        while len(seen) < self.n_engines:
+        while len(self.ready) < self.n_engines:
             left = deadline - time.monotonic()
             if left <= 0 or not self.router.poll(int(left * 1000)):
-                missing = sorted(set(range(self.n_engines)) - seen)
+                missing = sorted(set(range(self.n_engines)) - self.ready)
                 raise TimeoutError(f"engines {missing} did not send READY within {timeout:g} s")
             identity, *frames = self.router.recv_multipart()
             if frames == [READY]:
-                seen.add(rank_of(identity))
-        return sorted(seen)
+                self.ready.add(rank_of(identity))
+        return sorted(self.ready)
 
     def choose_engine(self) -> int:
         """The engine with the fewest requests in flight, scanning from a rotating start."""
@@ -112,10 +112,11 @@ class DPLBClient:
         got = []
         wait_ms = int(timeout * 1000)
         while self.router.poll(wait_ms):
-            identity, kind, payload = self.router.recv_multipart()
-            if kind != OUTPUTS:
+            identity, kind, *payload = self.router.recv_multipart()
+            if kind == READY:  # an engine that started after wait_ready gave up on it
+                self.ready.add(rank_of(identity))
                 continue
-            out = self._decoder.decode(payload)
+            out = self._decoder.decode(payload[0])
             for request_id in out.finished_requests:
                 if (engine := self.reqs_in_flight.pop(request_id, None)) is not None:
                     self.engine_inflight[engine] -= 1

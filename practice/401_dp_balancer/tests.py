@@ -182,6 +182,38 @@ def _check_shutdown_skips_a_missing_engine(b):
                 "connected: it is skipped and the engines after it still get STOP)")
 
 
+@test(input="2 engines, of which only engine 0 is up: wait_ready(0.3) times out; then engine 1 "
+            "starts, says READY and sends one EngineOutputs; poll_outputs until it comes; then "
+            "wait_ready(0.3)")
+def late_ready_is_counted(impl):
+    with Bench(impl, 2, [0], ready=False) as b:
+        try:
+            got = b.client.wait_ready(0.3)
+        except TimeoutError:
+            pass
+        else:
+            raise Fail("wait_ready(0.3) must raise TimeoutError while engine 1 is not up", got=got)
+        late = JudgeEngine(b.ctx, b.address, 1)
+        b.engines.append(late)
+        late.finish([])  # sent after its READY
+        try:
+            outs = b.client.poll_outputs(WAIT_S)
+        except Exception as e:
+            raise Fail(f"poll_outputs raised {type(e).__name__}: {e}, where engine 1's READY came "
+                       "after wait_ready had timed out (an engine that started late): a READY is "
+                       "not an output; count it, as wait_ready would, and go on") from None
+        check_equal([o.engine_index for o in outs], [1], "the engine_index of the outputs "
+                    "poll_outputs took (engine 1's, after its late READY)")
+        try:
+            got = b.client.wait_ready(scaled(QUIET_S))
+        except TimeoutError as e:
+            raise Fail("wait_ready after poll_outputs took engine 1's late READY raised "
+                       f"TimeoutError ({e}): a READY counts wherever it is taken, and a later "
+                       "wait_ready counts the READYs that earlier calls (and poll_outputs) saw, "
+                       "even a call that timed out") from None
+        check_equal(got, [0, 1], "wait_ready once both engines have said READY")
+
+
 @test(input="4 idle engines; add_request r0..r7 (max_tokens 8)")
 def spreads_when_idle(impl):
     with Bench(impl, 4) as b:
@@ -219,8 +251,8 @@ def least_loaded_after_finish(impl):
                     "reqs_in_flight (finished requests leave it)")
 
 
-@test(input="3 idle engines: add_request('a', engine=1), then 'b'; then engine=3, engine=-1 "
-            "and the id 'a' again (all refused); then 'd' and 'e'")
+@test(input="3 idle engines: add_request('a', engine=1), then 'b', 'c0', 'c1'; then engine=3, "
+            "engine=-1 and the id 'a' again (all refused); then 'd' and 'e'")
 def explicit_engine_and_bad_input(impl):
     with Bench(impl, 3) as b:
         got = [b.client.add_request("a", 4, engine=1), b.client.add_request("b", 4)]
@@ -228,6 +260,11 @@ def explicit_engine_and_bad_input(impl):
                                  "engine does not move the start index: 'b' scans from 0)")
         check_equal(b.client.load(), [1, 1, 0], "load() (a request sent to a named engine "
                                                 "counts on that engine)")
+        got = [b.client.add_request("c0", 4), b.client.add_request("c1", 4)]
+        check_equal(got, [2, 2], "the engines chosen for 'c0' (loads [1, 1, 0], scanned from "
+                    "start index 1) and 'c1' (a tie [1, 1, 1] scanned from start index 2): the "
+                    "start index moves on by one from where the last scan started (0, 1, 2, ...), "
+                    "not to the engine after the one chosen")
         for args, kw, why in [(("c", 4), {"engine": 3}, "engine=3 of 3 engines"),
                               (("c", 4), {"engine": -1}, "engine=-1"),
                               (("a", 4), {}, "the id 'a', already in flight")]:
@@ -240,14 +277,14 @@ def explicit_engine_and_bad_input(impl):
                            f"{type(e).__name__}: {e}; the README requires ValueError, raised "
                            "before anything is sent or counted") from None
             raise Fail(f"add_request must raise ValueError for {why}", got=got)
-        check_equal(b.client.load(), [1, 1, 0], "load() after the refused requests")
+        check_equal(b.client.load(), [1, 1, 2], "load() after the refused requests")
         time.sleep(QUIET_S)
-        check_equal(b.adds(), [["b"], ["a"], []], "the ADDs each engine received (a refused "
-                                                 "request sends nothing)")
+        check_equal(b.adds(), [["b"], ["a"], ["c0", "c1"]], "the ADDs each engine received (a "
+                                                           "refused request sends nothing)")
         got = [b.client.add_request("d", 4), b.client.add_request("e", 4)]
-        check_equal(got, [2, 2], "the engines chosen for 'd' (loads [1, 1, 0]) and 'e' (a tie "
-                                 "[1, 1, 1] scanned from start index 2): a refused request must "
-                                 "not move the start index")
+        check_equal(got, [0, 1], "the engines chosen for 'd' (loads [1, 1, 2], start index 0 "
+                                 "before the refusals) and 'e' (loads [2, 1, 2]): a refused "
+                                 "request must not move the start index")
 
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0', 'r4']) after engine 0 "

@@ -8,6 +8,7 @@ inside execute until the test lets it go, so an abort lands mid-step every time,
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 
@@ -408,3 +409,58 @@ def abort_between_steps(impl):
             s.close(linger=0)
         ctx.term()
         d.close()
+
+
+@test(input="no busy loop: the judge holds output_queue's lock, queues 3 EngineCoreOutputs (r0, r1, "
+            "r2) behind the output thread's back, calls shutdown(), and lets go once shutdown() "
+            "waits")
+def shutdown_sends_what_is_queued(impl):
+    d, ctx = IpcDir(), zmq.Context()
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    router.bind(d.path("in"))
+    pull.bind(d.path("out"))
+    engine = impl.EngineCore(d.path("in"), d.path("out"), GatedModel(), 4)
+    q, closer = engine.output_queue, None
+    try:
+        with q.mutex:  # the output thread cannot take anything until the judge lets go
+            for i in range(3):
+                q.queue.append(impl.EngineCoreOutputs([impl.EngineCoreOutput(f"r{i}", [i])], []))
+                q.unfinished_tasks += 1
+            q.not_empty.notify()
+            closer = threading.Thread(target=engine.shutdown, name="judge-shutdown", daemon=True)
+            closer.start()
+            _wait_until_blocked(closer)
+        closer.join(WAIT_S)
+        if closer.is_alive():
+            raise Fail(f"shutdown() did not return within {WAIT_S:g} s with 3 outputs queued")
+        got = []
+        while len(got) < 3 and pull.poll(int(WAIT_S * 1000)):
+            got += [o["request_id"] for o in msgspec.msgpack.decode(pull.recv())["outputs"]]
+        if got != ["r0", "r1", "r2"]:
+            raise Fail("3 outputs were on output_queue when shutdown() was called; the front end "
+                       f"received {len(got)}: the output thread must send what is queued before "
+                       "it stops (stop at the None sentinel that shutdown() queues behind them, "
+                       "not at a stop flag)", expected=["r0", "r1", "r2"], got=got)
+    finally:
+        if closer is None or not closer.is_alive():
+            engine.shutdown()
+        for s in (router, pull):
+            s.close(linger=0)
+        if closer is None or not closer.is_alive():
+            ctx.term()
+        d.close()
+
+
+def _wait_until_blocked(thread):
+    """Wait until `thread` waits in a queue's put or a join (shutdown() waiting for the output
+    thread), or ends."""
+    deadline = time.monotonic() + WAIT_S
+    while thread.is_alive() and time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name in ("put", "join") and code.co_filename.endswith(("queue.py",
+                                                                              "threading.py")):
+                return
+            frame = frame.f_back
+        time.sleep(0.005)

@@ -182,6 +182,20 @@ def one_deadline(impl):
                     "collective_rpc('get_rank') after the call with timeout=0")
 
 
+@test(input="Executor(3): boom on rank 2 with output_rank=2; then sleep [0, 0, 1.0] with "
+            "output_rank=2 and timeout=0.3", timeout=40)
+def errors_name_the_output_rank(impl):
+    with Running(impl, 3) as e:
+        e.collective_rpc("get_rank", timeout=WAIT_S)  # the workers are up
+        what = "(the error names the worker by its rank, 2, not by its place in the list of " \
+               "replies read)"
+        _raises(lambda: e.collective_rpc("boom", (2,), timeout=WAIT_S, output_rank=2),
+                RuntimeError, ["worker 2"], f"collective_rpc('boom', (2,), output_rank=2) {what}")
+        _raises(lambda: e.collective_rpc("sleep", ([0, 0, 1.0],), timeout=0.3, output_rank=2),
+                TimeoutError, ["worker 2"], "collective_rpc('sleep', ([0, 0, 1.0],), timeout=0.3, "
+                f"output_rank=2) {what}")
+
+
 @test(input="Executor(3): die(rank=1, exit code 3) while ranks 0 and 2 sleep 1 s, no timeout; "
             "then get_rank", timeout=30,
       hang="a call without a timeout waited for a worker that had died: the monitor must set "
@@ -193,6 +207,11 @@ def death_fails_pending_call(impl):
                 "a call (no timeout) during which worker 1 exits with code 3")
         _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError, ["worker 1"],
                 "collective_rpc after a worker died (the executor has failed)")
+        impl.POLL_S = WAIT_S  # rank 0's answer comes within one slice, however busy the machine
+        _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S, output_rank=0),
+                RuntimeError, ["worker 1"], "collective_rpc('get_rank', output_rank=0) after "
+                "worker 1 died (rank 0 is alive and answers, but the executor has failed: every "
+                "later call raises, before it sends anything)")
 
 
 @test(input="Executor(2): get_rank; then die(rank=1, SIGKILL) while rank 0 sleeps 1 s, with "

@@ -10,18 +10,21 @@ with the judge's own reader, a few bytes per recv().
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import random
 import socket
 import threading
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.properties import for_all, st
 from minivllm.model.paths import default_model_path
 from minivllm.tokenizer import Tokenizer
 
 WAIT_S = scaled(10.0)  # a socket read that waits this long has lost its data
 TEXTS = ["plain ascii, nothing to wait for", "héllo wörld, naïve café", "東京タワー 🤗🚀",
          "a 👩‍👩‍👧 family\n", "a real \ufffd in the text"]
+SPLIT_EXAMPLES = 120  # streams of arbitrary splits: the same on every run (hypothesis, derandomized)
 _tok = None
 
 
@@ -54,15 +57,17 @@ def oracle(impl, ids_so_far: list[int], skip=True) -> str:
 
 
 def replay(impl, ids, what, skip=True, batch=1):
-    """Push ids `batch` at a time; after each push the text so far must be the oracle's."""
+    """Push ids `batch` at a time (or batch[0], batch[1], ... in turn, for a list of sizes);
+    after each push the text so far must be the oracle's."""
     d = impl.IncrementalDetokenizer(tok(), skip_special_tokens=skip)
-    sent = ""
-    for i in range(0, len(ids), batch):
-        piece = d.push(ids[i:i + batch])
+    sent, end, sizes = "", 0, itertools.cycle([batch] if isinstance(batch, int) else batch)
+    while end < len(ids):
+        start, end = end, min(end + next(sizes), len(ids))
+        piece = d.push(ids[start:end])
         if not isinstance(piece, str):
             raise Fail("push() must return a str", got=type(piece).__name__)
         sent += piece
-        want = oracle(impl, ids[:i + batch], skip)
+        want = oracle(impl, ids[:end], skip)
         if sent != want:
             if want.startswith(sent) and "\ufffd" in want[len(sent):]:
                 problem = ("bytes that can never become a character were held back: send their "
@@ -78,19 +83,35 @@ def replay(impl, ids, what, skip=True, batch=1):
                 problem = ("the text sent is not the decoding of the bytes so far (U+FFFD only "
                            "for bytes that can never become a character; special tokens add "
                            "nothing when skip_special_tokens=True)")
-            raise Fail(f"{what}: after token {i + batch} of {len(ids)}, {problem}",
+            raise Fail(f"{what}: after token {end} of {len(ids)}, {problem}",
                        expected=want, got=sent, input=f"token ids {ids}")
     return sent + d.flush()
 
 
-@test(input="each text of: " + " | ".join(repr(t) for t in TEXTS) + ", one token per push; "
+@test(input="token_bytes of the id one past the vocabulary; each text of: "
+            + " | ".join(repr(t) for t in TEXTS) + ", one token per push; "
             "then two detokenizers pushed in turn, one byte token each: '東京🤗' and 'é👩'")
 def one_token_at_a_time(impl):
+    _check_unknown_id(impl)
     for text in TEXTS:
         ids = tok().encode(text)
         check_equal(replay(impl, ids, repr(text)), text,
                     f"everything sent for {text!r}, flush() included")
     _check_two_at_once(impl, ["東京🤗", "é👩"])
+
+
+def _check_unknown_id(impl):
+    n = tok().vocab_size
+    try:
+        got = impl.token_bytes(tok(), n)
+    except ValueError as e:
+        if str(n) not in str(e) or f"0..{n - 1}" not in str(e):
+            raise Fail(f"token_bytes(tokenizer, {n}) (given code): the ValueError must name the id "
+                       "and the vocabulary's range", expected=f"... {n} ... (0..{n - 1})",
+                       got=str(e)) from None
+        return
+    raise Fail(f"token_bytes(tokenizer, {n}) (given code) must raise ValueError: the vocabulary "
+               f"has ids 0..{n - 1}", got=got)
 
 
 def _check_two_at_once(impl, texts):
@@ -117,6 +138,31 @@ def batches_of_three(impl):
         ids = tok().encode(text)
         check_equal(replay(impl, ids, repr(text), batch=3), text,
                     f"everything sent for {text!r}, 3 tokens per push")
+
+
+def _streams():
+    """(token ids, batch sizes, skip): pieces of text (the tokenizer's split), runs of single
+    byte tokens (any split of UTF-8, and bytes that are not), and special tokens."""
+    t = tok()
+    bytes_with_token = [b for b in range(256) if t.backend.token_to_id(_byte_char(b)) is not None]
+    specials = [i for i in (t.backend.token_to_id(s) for s in ("<|im_start|>", "<|im_end|>",
+                                                             "<|endoftext|>")) if i is not None]
+    piece = st.one_of(st.text(max_size=6).map(lambda x: t.encode(x)),
+                      st.text(min_size=1, max_size=3).map(  # F1, F2 have no token: dropped
+                          lambda x: [i for i in byte_ids(x.encode()) if i is not None]),
+                      st.lists(st.sampled_from(bytes_with_token), min_size=1, max_size=3)
+                      .map(lambda bs: byte_ids(bytes(bs))),
+                      st.sampled_from(specials).map(lambda i: [i]))
+    ids = st.lists(piece, max_size=8).map(lambda ps: [i for p in ps for i in p])
+    return st.tuples(ids, st.lists(st.integers(1, 5), min_size=1, max_size=4), st.booleans())
+
+
+def _check_stream(impl, ids, sizes, skip):
+    t = tok()
+    data = b"".join(impl.token_bytes(t, i) for i in ids if not (skip and impl.is_special(t, i)))
+    check_equal(replay(impl, ids, f"pushed in batches of {sizes} (cycled), skip_special_tokens="
+                                  f"{skip}", skip=skip, batch=sizes),
+                data.decode("utf-8", errors="replace"), "everything sent, flush() included")
 
 
 @test(input="push([]) and flush() of nothing; byte tokens: E6 9D then 'a' (a cut-off "
@@ -164,7 +210,9 @@ def _check_edge_streams(impl):
 
 
 @test(input="'<|im_start|>ok<|im_end|>' with skip_special_tokens True and False; <|im_end|> "
-            "between the two halves of 'é'")
+            "between the two halves of 'é'; F0 9F, <|im_end|>, 'ok' kept; then "
+            f"{SPLIT_EXAMPLES} streams drawn by hypothesis (derandomized): texts, byte runs and "
+            "special tokens, pushed in batches of drawn sizes, skip_special_tokens True and False")
 def special_tokens(impl):
     t = tok()
     end, start = t.eos_token_id, t.backend.token_to_id("<|im_start|>")
@@ -183,6 +231,14 @@ def special_tokens(impl):
                                     "meet), A9", skip=True), "é",
                 "C3, <|im_end|>, A9 with skip_special_tokens=True (the skipped token is not "
                 "there: the two bytes meet)")
+    kept = byte_ids(b"\xf0\x9f") + [end] + t.encode("ok")
+    check_equal(replay(impl, kept, "F0 9F, <|im_end|> kept (skip_special_tokens=False), 'ok': "
+                                   "the special token's text comes in its place, after the "
+                                   "bytes pending before it", skip=False),
+                "\ufffd<|im_end|>ok", "F0 9F, <|im_end|>, 'ok' with skip_special_tokens=False "
+                "(the pending F0 9F can no longer become a character: U+FFFD, then the text)")
+    for_all(_streams(), lambda case: _check_stream(impl, *case), examples=SPLIT_EXAMPLES,
+            what="(token ids, batch sizes, skip_special_tokens)")
 
 
 def read_events(sock) -> list[bytes]:
@@ -214,7 +270,10 @@ def sse_wire(impl):
     for raw in ("a\nb", "a\rb"):
         try:
             got = impl.sse_event(raw)
-        except ValueError:
+        except ValueError as e:
+            if "line break" not in str(e).lower():
+                raise Fail(f"sse_event({raw!r}) raised ValueError without saying why: name the "
+                           "line break", expected="... line break ...", got=str(e)) from None
             continue
         raise Fail(f"sse_event({raw!r}) must raise ValueError: a raw line break (\\n or \\r) "
                    "ends the data line, and the reader takes the rest for another field",

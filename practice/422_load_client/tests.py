@@ -15,6 +15,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.properties import for_all, st
 
 FIRST_S = 0.5  # the server's wait before the first token
 HEADERS_S = 0.3  # 'steady' sends its response headers this late (a server that queues first)
@@ -183,6 +184,45 @@ def sse_parser(impl):
     check_equal(got, want, "the events from feeding one byte at a time (keep the bytes of an "
                            "unfinished event until its blank line arrives, and decode an event "
                            "only whole: a character's bytes may come in different feeds)")
+    for_all(_sse_streams(), lambda case: _check_chunks(impl, *case), examples=STREAMS,
+            what="(the stream's bytes, the feeds' end offsets, the events' data)")
+
+
+STREAMS = 150  # streams cut at arbitrary points: the same on every run (hypothesis, derandomized)
+# Line text: anything but CR and LF, often a character that str.splitlines() would break at.
+LINE_TEXT = st.text(st.one_of(st.sampled_from("a :é東🤗\u2028\x85\x0b\x1c"),
+                              st.characters(exclude_characters="\r\n",
+                                            exclude_categories=("Cs",))), max_size=6)
+
+
+@st.composite
+def _sse_streams(draw):
+    """Events of data lines (with and without the space after 'data:') and comment lines,
+    lines ending in LF or CRLF, and where the feeds end: (bytes, ends, the events' data)."""
+    wire, want = "", []
+    for lines in draw(st.lists(st.lists(st.tuples(st.sampled_from(["data: ", "data:", ":"]),
+                                                  LINE_TEXT), max_size=3), max_size=5)):
+        data = []
+        for field, text in lines:
+            wire += field + text + draw(st.sampled_from(["\n", "\r\n"]))
+            if field != ":":
+                data.append((field + text)[5:].removeprefix(" "))
+        wire += draw(st.sampled_from(["\n", "\r\n"]))
+        if data:
+            want.append("\n".join(data))
+    raw = wire.encode()
+    ends = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=8)))
+    return raw, ends, want
+
+
+def _check_chunks(impl, raw, ends, want):
+    p, got, start = impl.SSEParser(), [], 0
+    for end in ends + [len(raw)]:
+        got += p.feed(raw[start:end])
+        start = end
+    check_equal(got, want, "the events' data from feeding the stream cut at those offsets (an "
+                "event ends at a blank line, LF or CRLF; lines end only at LF or CRLF, not at "
+                "the other line breaks str.splitlines() knows; ':' lines are comments)")
 
 
 @test(input="'steady': headers after 0.3 s, an empty-text event at once, then A after 0.5 s; "

@@ -79,8 +79,16 @@ def _bench(impl, n: int, ready: bool = False):
                 r.wait_until_ready(HANG_S)
         yield w, readers
     finally:
-        for r in readers:
-            r.close()
+        for i, r in enumerate(readers):
+            t, out = _call(r.close)
+            if t.is_alive():
+                raise Fail(f"reader {i}'s close() did not return within {HANG_S:g} s while "
+                           f"{len(readers) - i - 1} other reader(s) of this process were still "
+                           "open: its ctx.term() waits for their sockets, so the readers share "
+                           "one context. Each RemoteReader makes its own zmq.Context(), never "
+                           "the process-wide zmq.Context.instance()")
+            if "error" in out:
+                raise out["error"]
         w.close()
 
 
@@ -263,7 +271,8 @@ def _subscriber(ctx, address):
 
 
 @test(input="your wait_for_readers on the judge's XPUB: (a) 2 of 3 SUBs subscribed, the "
-            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2; (c) n=0, no SUB",
+            "third joins later, n=3; (b) one SUB subscribes and leaves, n=2; (c) n=0, no SUB; "
+            "(d) n=1 with timeout 0.5, the SUB's subscription already in",
       timeout=20)
 def writer_waits_for_every_reader(impl):
     w, ctx = Writer(), zmq.Context()
@@ -285,6 +294,7 @@ def writer_waits_for_every_reader(impl):
                            "readers have subscribed, send READY, which they wait for", got=got)
         _reader_leaves(impl, ctx)
         _no_readers(impl)
+        _short_timeout(impl, ctx)
     finally:
         for s in subs:
             s.close()
@@ -292,12 +302,33 @@ def writer_waits_for_every_reader(impl):
         w.close()
 
 
-def _reader_leaves(impl, ctx) -> None:
+def _short_timeout(impl, ctx) -> None:
+    """A subscription already in the XPUB: wait_for_readers(xpub, 1, 0.5) takes it."""
+    w, sub = _taken_in(ctx)
+    try:
+        try:
+            impl.wait_for_readers(w.sock, 1, 0.5)
+        except TimeoutError as e:
+            raise Fail("wait_for_readers(xpub, 1, 0.5) raised TimeoutError although the reader's "
+                       "subscription was already in the XPUB: a timeout under one second still "
+                       "waits for what is there", got=str(e)) from None
+    finally:
+        sub.close()
+        w.close()
+
+
+def _taken_in(ctx):
+    """A writer and one SUB whose subscription the writer's XPUB has taken in."""
     w = Writer()
     sub = _subscriber(ctx, w.address)
+    while not sub.poll(20):
+        w.sock.send(b"probe")
+    return w, sub
+
+
+def _reader_leaves(impl, ctx) -> None:
+    w, sub = _taken_in(ctx)
     try:
-        while not sub.poll(20):  # until the XPUB has taken the subscription in
-            w.sock.send(b"probe")
         sub.close()  # subscribed, now leaves: the XPUB holds b"\x01" then b"\x00"
         try:  # the leave reaches the XPUB in milliseconds; the timeout stretches with load
             impl.wait_for_readers(w.sock, 2, LEAVE_T)

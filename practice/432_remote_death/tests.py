@@ -92,9 +92,11 @@ def _watching(impl, names):
                 theirs.close()
 
 
-@test(input=f"peers A and B, deadline {D:g}; A beats at t=4; check at t=14 (A exactly at its "
-            "deadline, B past it), at t=14.000001, at t=30")
+@test(input=f"PeerWatch({{}}, deadline) for 0, -1.5 (refused) and 0.5; peers A and B, deadline "
+            f"{D:g}; A beats at t=4; check at t=14 (A exactly at its deadline, B past it), at "
+            "t=14.000001, at t=30")
 def silent_peer_deadline(impl):
+    _check_deadline_argument(impl)
     with _watching(impl, "AB") as (clock, pairs, watch):
         t0 = clock.now
         clock.now = t0 + 4
@@ -119,6 +121,24 @@ def silent_peer_deadline(impl):
         clock.now = t0 + 30
         check_equal(_check(watch, where="t=30"), {}, "check() after both were reported: each "
                     "peer is reported once")
+
+
+def _check_deadline_argument(impl):
+    for bad in (0, -1.5):
+        try:
+            impl.PeerWatch({}, bad).close()
+        except ValueError as e:
+            if str(bad) not in str(e):
+                raise Fail(f"PeerWatch({{}}, {bad}) raised ValueError without the deadline it was "
+                           "given: say what was wrong", expected=f"... {bad} ...",
+                           got=str(e)) from None
+            continue
+        raise Fail(f"PeerWatch({{}}, {bad}) must raise ValueError: a deadline is > 0 seconds")
+    try:
+        impl.PeerWatch({}, 0.5).close()
+    except ValueError as e:
+        raise Fail("PeerWatch({}, 0.5) raised ValueError: any deadline > 0 seconds is a deadline, "
+                   "also one under a second", got=str(e)) from None
 
 
 def _ended(theirs, who: str) -> None:
