@@ -179,3 +179,32 @@ def test_adopted_orphans_are_reaped_not_left_as_zombies():
     assert zombie.ppid() == os.getpid() and zombie.status() == psutil.STATUS_ZOMBIE
     assert orphan in reap_orphans()
     assert not psutil.pid_exists(orphan), "the adopted orphan is still a zombie"
+
+
+def _driver_file(pid: int) -> str:
+    return f"/dev/shm/cuda.shm.0.{pid:x}.1"  # the CUDA driver's name for its event file
+
+
+def test_a_live_runners_cuda_runtime_files_are_left_alone():
+    """The CUDA driver backs interprocess events with a file named after the exporting process,
+    which that process needs as long as it lives: deleting pytest's own one broke every later
+    CUDA IPC test ("mapping of buffer object failed", seen on an H200)."""
+    snap = Snapshot()
+    path = _driver_file(os.getpid())
+    with open(path, "wb") as f:
+        f.write(b"\0" * 64)
+    try:
+        leaks = snap.leaks(settle=0.1)
+        assert os.path.exists(path), "the leak check deleted the live runner's CUDA driver file"
+        assert path.removeprefix("/dev/shm/") not in leaks.segments + leaks.others
+    finally:
+        os.unlink(path)
+
+
+def test_a_process_that_exported_cuda_handles_removes_its_driver_file_at_exit():
+    code = ("import os; from minivllm.utils.runtime_shm import remove_driver_files_at_exit; "
+            "open('/dev/shm/cuda.shm.0.%x.1' % os.getpid(), 'wb').close(); "
+            "remove_driver_files_at_exit(); print(os.getpid())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    path = _driver_file(int(out.stdout))
+    assert not os.path.exists(path), f"{path} outlived its process"

@@ -48,6 +48,7 @@ from torch.multiprocessing.reductions import rebuild_cuda_tensor, rebuild_storag
 from minivllm.distributed.weight_protocol import (CudaStorage, TensorMeta, WeightMismatchError,
                                                   WeightTransferError, WeightUpdateAck,
                                                   WeightUpdateRequest, check_layout, check_update)
+from minivllm.utils.runtime_shm import remove_driver_files_at_exit
 
 ACK_TIMEOUT_S = 120.0  # an engine copying GBs on a busy CPU is slow; silence this long is a dead engine
 # The descriptors follow their request at once: a trainer silent this long between the two is
@@ -129,6 +130,7 @@ def _export_cuda(tensors: dict[str, torch.Tensor], round: int):
         storages.append(CudaStorage(args[6], args[7], args[8], args[9], args[11], args[12],
                                     args[13], args[14]))
         metas.append(_meta(name, t, len(storages) - 1))
+    remove_driver_files_at_exit()  # the driver's file behind interprocess events outlives us
     written = torch.cuda.Event(interprocess=True)  # interprocess events cannot time
     written.record(torch.cuda.current_stream())
     keep.append(written)

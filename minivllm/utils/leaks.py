@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from minivllm.utils.resource_names import has_prefix, resource_prefix
+from minivllm.utils.runtime_shm import owner_pid
 
 SHM_DIR = "/dev/shm"
 # Files the OS or Python keep in /dev/shm on their own (POSIX semaphores of multiprocessing).
@@ -221,6 +222,7 @@ class Snapshot:
         # List the files first and the holders second: a file made after the listing is
         # not looked at, and one made before it by our tree is still held when we look.
         segments, sockets = shm_segments() - self.segments, self._shared_sockets() - self.sockets
+        segments -= _runtime_files_of_others(segments, {p.pid for p in new})
         private = set().union(*(ipc_socket_files(d, PRIVATE_SCAN_DEPTH)
                                 for d in self.private_dirs if os.path.isdir(d)))
         held = holdings([os.getpid()] + [p.pid for p in child_processes()])
@@ -240,6 +242,13 @@ class Snapshot:
 
     def _new_children(self) -> list[psutil.Process]:
         return [p for p in child_processes() if p.pid not in self.children]
+
+
+def _runtime_files_of_others(segments: set[str], ours: set[int]) -> set[str]:
+    """The CUDA driver's and torch's files of a live process that is not one the code under test
+    started (the runner itself, say): that process still needs them (runtime_shm)."""
+    return {s for s in segments
+            if (pid := owner_pid(s)) is not None and pid not in ours and psutil.pid_exists(pid)}
 
 
 def has_prefix_anywhere(path: str, prefix: str) -> bool:
