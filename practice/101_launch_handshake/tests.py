@@ -3,6 +3,7 @@
 Targets the tests need beyond the given four are `exec` with code and a fresh globals dict: a
 builtin that a spawn child can unpickle by name, so no test file has to be importable there."""
 
+import inspect
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -116,8 +117,12 @@ class _WaitLog:
             setattr(self.impl, k, self.real)
 
 
-@test(input="start_worker(setup_ok, (21,))", timeout=15)
+@test(input="start_worker(setup_ok, (21,)); the defaults of start_worker and stop_worker",
+      timeout=15)
 def ready_handshake(impl):
+    for fn, default in ((impl.start_worker, 10.0), (impl.stop_worker, 2.0)):
+        check_equal(inspect.signature(fn).parameters["timeout"].default, default,
+                    f"the default timeout of {fn.__name__} (the README fixes the signature)")
     proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=10)
     try:
         check_equal(result, 42, "the ready result (setup_ok(21))")
