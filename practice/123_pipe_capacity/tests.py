@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import errno
 import fcntl
+import inspect
 import os
 import select
 import subprocess
@@ -423,6 +424,9 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
             "transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read, transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
+    for fn, default in ((impl.Writer.finish, 10.0), (impl.transfer, 30.0)):
+        check_equal(inspect.signature(fn).parameters["timeout"].default, default,
+                    f"the default timeout of {fn.__qualname__} (the README fixes the signature)")
     fds = procfs.fd_count()
     for total, pipe_size, size in ((8 * MIB, 64 * KIB, 64 * KIB),
                                    (3 * MIB + 123, min(MIB, _real_max()), min(MIB, _real_max())),
