@@ -41,6 +41,21 @@ def _learner_frame(tb, impl_dir: str) -> str:
     return f"{f.name}() at line {f.lineno}: {f.line}"
 
 
+class _ForkedChildReturned(Exception):
+    """A process the learner's code forked came back into the test's code."""
+
+
+def _escaped_fork(exc: BaseException) -> str:
+    """The message for a process the learner's code forked that left its branch of os.fork()
+    (by an exception or by returning) and so went on into the judge's code."""
+    how = ("returned" if isinstance(exc, _ForkedChildReturned)
+           else f"let {type(exc).__name__}: {exc} escape")
+    return (f"a process your code forked (pid {os.getpid()}) {how} out of its branch of "
+            "os.fork() and ran on into the judge's code: the child must leave with os._exit(code), "
+            "in a finally around its work (os._exit(0) on success, 1 on an error), never by "
+            "returning or raising")
+
+
 def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
         ready=lambda: None) -> dict:
     sys.path.insert(0, impl_dir)
@@ -48,11 +63,14 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
     spec = next(s for s in specs if s.name == test_name)
     start = time.perf_counter()
     result = {"name": test_name, "status": "pass", "message": "", "input": spec.input}
+    test_pid = os.getpid()
     try:
         impl = importlib.import_module(module_name)
         ready()
         start = time.perf_counter()
         note = spec.fn(impl)
+        if os.getpid() != test_pid:
+            raise _ForkedChildReturned()
         if isinstance(note, str):  # a passing test may say what it checked
             result["note"] = note
     except api.Fail as exc:
@@ -72,9 +90,11 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
     except BaseException as exc:  # the learner's code crashed: show where
         where = _learner_frame(exc.__traceback__, impl_dir)
         tb = "".join(traceback.format_exception(exc, limit=-4))
+        raised = f"your code raised {type(exc).__name__}: {exc}"
+        if os.getpid() != test_pid:
+            raised = _escaped_fork(exc)
         result.update(status="fail", kind="error",
-                      message=f"your code raised {type(exc).__name__}: {exc}"
-                              + (f"\n  in {where}" if where else ""), detail=tb)
+                      message=raised + (f"\n  in {where}" if where else ""), detail=tb)
     result["seconds"] = round(time.perf_counter() - start, 3)
     return result
 
@@ -95,8 +115,11 @@ def serve(fd: int, argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     result = run(tests_path, impl_dir, module_name, test_name,
                  ready=lambda: os.write(fd, b"ready\n"))
-    with open(fd, "w") as f:
-        f.write(json.dumps(result) + "\n")
+    try:
+        with open(fd, "w") as f:
+            f.write(json.dumps(result) + "\n")
+    except BrokenPipeError:  # the judge took a verdict already: one from a process the code forked
+        pass
     return 0
 
 

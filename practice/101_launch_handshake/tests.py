@@ -3,6 +3,7 @@
 Targets the tests need beyond the given four are `exec` with code and a fresh globals dict: a
 builtin that a spawn child can unpickle by name, so no test file has to be importable there."""
 
+import inspect
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -116,8 +117,12 @@ class _WaitLog:
             setattr(self.impl, k, self.real)
 
 
-@test(input="start_worker(setup_ok, (21,))", timeout=15)
+@test(input="start_worker(setup_ok, (21,)); the defaults of start_worker and stop_worker",
+      timeout=15)
 def ready_handshake(impl):
+    for fn, default in ((impl.start_worker, 10.0), (impl.stop_worker, 2.0)):
+        check_equal(inspect.signature(fn).parameters["timeout"].default, default,
+                    f"the default timeout of {fn.__name__} (the README fixes the signature)")
     proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=10)
     try:
         check_equal(result, 42, "the ready result (setup_ok(21))")
@@ -169,6 +174,37 @@ def error_reaches_the_parent(impl):
     _expect_start_error(impl, exec, (RAISES_AND_HANGS, {}), 10, "tensor_parallel_size=3",
                         "WorkerStartError must carry the child's error text")
     _no_children("after ('error', ...) from a child whose thread keeps it alive")
+
+
+# A target whose exception holds a lock (a file handle, a socket would do the same): the
+# exception object cannot be pickled, its text can.
+UNPICKLABLE = ("import threading\n"
+               "e = OSError('weights locked: /models/llama.bin')\n"
+               "e.lock = threading.Lock()\n"
+               "raise e")
+
+
+@test(input="worker_entry and start_worker with a target that raises OSError('weights locked: "
+            "/models/llama.bin') carrying a threading.Lock (the exception cannot be pickled)",
+      timeout=20)
+def error_is_sent_as_text(impl):
+    reader, writer = multiprocessing.Pipe(duplex=False)  # worker_entry alone, in this process
+    try:
+        impl.worker_entry(writer, exec, (UNPICKLABLE, {}))
+    except Exception as e:  # noqa: BLE001 - the test says what it was
+        raise Fail("worker_entry could not send the error of a target whose exception holds a "
+                   "lock: send ('error', text) with the exception's text (a str), never the "
+                   "exception object: many cannot be pickled", got=f"{type(e).__name__}: {e}")
+    got = reader.recv()
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], str)
+            and "weights locked" in got[1]):
+        raise Fail("what worker_entry sends when its target raises OSError('weights locked: "
+                   "...'): the exception's text, as a str", expected="('error', '...weights "
+                   "locked: /models/llama.bin...')", got=repr(got))
+    _expect_start_error(impl, exec, (UNPICKLABLE, {}), 10, "weights locked: /models/llama.bin",
+                        "WorkerStartError must carry the text of an exception that cannot be "
+                        "pickled: the child sends its text, never the exception object")
+    _no_children("after a failed start")
 
 
 @test(input="start_worker(setup_dies) with timeout=30", timeout=12,

@@ -57,3 +57,28 @@ def rejects_bad_sizes(impl):
             continue
         raise Fail(f"{call} must raise ValueError: every size (tp, dp, pp) starts at 1",
                    got=f"returned {got!r}")
+
+
+HEADLESS = [(dict(tp=2, dp=2, api_server_count=0), 1 + 2 + 4),
+            (dict(tp=1, dp=3, api_server_count=0), 1 + 3)]
+
+
+@test(input="; ".join(str(sizes) for sizes, _ in HEADLESS) + " (headless: no API server)")
+def headless_zero_api_servers(impl):
+    for sizes, expected in HEADLESS:
+        call = "serve_process_count(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+        got = impl.serve_process_count(**sizes)
+        if got == expected:
+            continue
+        default = impl.serve_process_count(**{**sizes, "api_server_count": None})
+        if got == default:
+            why = ("api_server_count=0 is a count, not 'unset': only None defaults to dp "
+                   "(`api_server_count or dp` turns 0 into dp; test `is None`)")
+        elif got == expected - 1:
+            why = ("with no API server (headless) the CLI process stays alive as the parent of "
+                   "the engine cores: count it")
+        elif got == expected + 1:
+            why = "headless runs no DP coordinator: the head node, which has the API servers, does"
+        else:
+            why = "headless: the CLI process + the engine cores + their workers, nothing else"
+        raise Fail(f"{call}: {why}", expected=expected, got=got)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import inspect
 import multiprocessing as mp
 import os
 import random
@@ -113,6 +114,9 @@ def _expect_timeout(call, what: str, input: str) -> None:
 @test(input="Sender with 2 slots of 32 bytes; the test plays the receiver and writes the acks, "
             "then closes the ack pipe", timeout=6, hang="send() waited for an ack that the test had already written: count ack bytes, not reads")
 def sender_steps(impl):
+    for fn in (impl.Sender.send, impl.Sender.flush, impl.Receiver.recv):
+        check_equal(inspect.signature(fn).parameters["timeout"].default, 5.0,
+                    f"the default timeout of {fn.__qualname__} (the README fixes the signature)")
     slots, sb = 2, 32
     bell_r, bell_w, ack_r, ack_w = fds = _pipes()
     state = {"bells": 0, "message": 0, "early": None}

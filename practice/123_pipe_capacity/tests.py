@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import errno
 import fcntl
+import inspect
 import os
 import select
 import subprocess
@@ -257,8 +258,57 @@ def _wake_when_asleep(stat: str, write_fd: int, what: str) -> None:
     os.write(write_fd, b"g")
 
 
-@test(input=f"a child seen blocked in a pipe read {BLOCKS} times; this process, blocked in a "
-            f"pipe read {BLOCKS} times; a reaped child", timeout=30)
+# A child with nonvoluntary switches for sure: pinned to one CPU with a rival that spins there,
+# it yields until it has been switched out 20 times while runnable; then it blocks in a read.
+PREEMPTED = ("import os\n"
+             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+             "def nonvoluntary():\n"
+             "    with open('/proc/self/status') as f:\n"
+             "        return int(next(l for l in f if l.startswith('nonvoluntary_ctxt')).split()[1])\n"
+             "rival = os.fork()\n"
+             "if rival == 0:\n"
+             "    while True: os.sched_yield()\n"
+             "while nonvoluntary() < 20: os.sched_yield()\n"
+             "os.kill(rival, 9); os.waitpid(rival, 0)\n"
+             "os.write(1, b'r'); os.read(0, 1)\n")
+
+
+def _status_counts(pid: int) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) switches of pid, read by the judge."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+
+def _only_the_voluntary_line(impl) -> None:
+    """voluntary_switches of a blocked child with nonvoluntary switches is its voluntary line."""
+    proc = subprocess.Popen([sys.executable, "-c", PREEMPTED], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, bufsize=0)
+    try:
+        if proc.stdout.read(1) != b"r":
+            raise Fail("the probe child died")  # the machine is broken
+        deadline = time.monotonic() + WAIT_S
+        while procfs.process_state(proc.pid) != "S":  # blocked in its read: the counts hold still
+            if time.monotonic() > deadline:
+                raise Fail("the probe child was never seen blocked in its read")
+            time.sleep(0.001)
+        counts = _status_counts(proc.pid)
+        got = impl.voluntary_switches(proc.pid)
+        if got != counts[0]:
+            raise Fail("voluntary_switches(pid) is the number on the 'voluntary_ctxt_switches:' "
+                       f"line alone; this child has {counts[0]} voluntary and {counts[1]} "
+                       "nonvoluntary switches. Adding up every line that contains "
+                       "'voluntary_ctxt_switches:' counts the nonvoluntary line too: match with "
+                       "line.startswith", expected=counts[0], got=got)
+    finally:
+        proc.stdin.close()
+        proc.wait()
+        proc.stdout.close()
+
+
+@test(input=f"a child seen blocked in a pipe read {BLOCKS} times; a blocked child with "
+            f"nonvoluntary switches; this process, blocked in a pipe read {BLOCKS} times; a reaped "
+            "child", timeout=30)
 def counts_voluntary_switches(impl):
     proc = _blocker()
     try:
@@ -277,6 +327,7 @@ def counts_voluntary_switches(impl):
         proc.stdin.close()
         proc.wait()
         proc.stdout.close()
+    _only_the_voluntary_line(impl)
     r, w = os.pipe()
     me = f"/proc/self/task/{os.getpid()}/stat"
     try:
@@ -373,6 +424,9 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
             "transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read, transfer(0, 64 KiB)",
       timeout=40)
 def transfer_end_to_end(impl):
+    for fn, default in ((impl.Writer.finish, 10.0), (impl.transfer, 30.0)):
+        check_equal(inspect.signature(fn).parameters["timeout"].default, default,
+                    f"the default timeout of {fn.__qualname__} (the README fixes the signature)")
     fds = procfs.fd_count()
     for total, pipe_size, size in ((8 * MIB, 64 * KIB, 64 * KIB),
                                    (3 * MIB + 123, min(MIB, _real_max()), min(MIB, _real_max())),
@@ -388,8 +442,17 @@ def transfer_end_to_end(impl):
         if abs(t.switches_per_mib - expected) > 1e-9:
             raise Fail(f"{what}: switches_per_mib is (writer + reader) switches per MiB moved",
                        expected=expected, got=t.switches_per_mib)
+    for _ in range(200):  # this process has switched far more before the transfer than in it
+        time.sleep(0.0001)
+    before = _status_counts(os.getpid())[0]
     with _BadRead(MIB, naps=20) as naps:  # the reader sleeps 20 times a read: 20 switches
         t = impl.transfer(MIB, MIB)
+    during = _status_counts(os.getpid())[0] - before
+    if t.reader_switches > during:
+        raise Fail(f"transfer(1 MiB, 1 MiB): reader_switches is {t.reader_switches}, more than the "
+                   f"{during} voluntary switches this process made during the whole transfer() "
+                   "call: count them around the read loop (after minus before), not since the "
+                   "process started", expected=f"<= {during}", got=t.reader_switches)
     if t.reader_switches < naps.slept // 2:  # the writer, never blocked, has a few
         raise Fail(f"transfer(1 MiB, 1 MiB) whose reader the judge put to sleep {naps.slept} "
                    "times: reader_switches counts this process's voluntary switches around the "

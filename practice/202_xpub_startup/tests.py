@@ -207,6 +207,70 @@ def slow_joiners(impl):
         _check_all_received(results, messages, "subscriber")
 
 
+DRAIN_MESSAGES, DRAIN_BYTES = 300, 16384  # far more than the socket buffers and a RCVHWM of 10 take
+
+
+def _close_when_reached(pub) -> tuple[threading.Thread, threading.Event]:
+    """pub.close() in a thread; the event is set once it reaches zmq's Socket.close (the linger
+    starts there), so that the judge reads only after the learner's close() has begun."""
+    reached = threading.Event()
+
+    def profile(frame, event, arg):
+        if (event == "call" and frame.f_code.co_name == "close"
+                and frame.f_globals.get("__name__") == "zmq.sugar.socket"):
+            reached.set()
+
+    def close():
+        sys.setprofile(profile)
+        try:
+            pub.close()
+        finally:
+            sys.setprofile(None)
+            reached.set()
+    closing = threading.Thread(target=close, daemon=True)
+    closing.start()
+    return closing, reached
+
+
+@test(input=f"a SUB in the judge's process (RCVHWM 10) that reads nothing yet; publish "
+            f"{DRAIN_MESSAGES} messages of {DRAIN_BYTES} bytes; close(); then the SUB reads",
+      timeout=30)
+def close_delivers_what_was_published(impl):
+    linger_s = getattr(impl, "PUBLISH_LINGER_MS", 1000) / 1000
+    messages = [i.to_bytes(4, "big") + bytes(DRAIN_BYTES - 4) for i in range(DRAIN_MESSAGES)]
+    with IpcDir() as d:
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 10)  # the rest waits in the publisher's queue
+        pub, closing, got = impl.Publisher(d.path("pub")), None, []
+        try:
+            sub.connect(d.path("pub"))
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            pub.wait_for_subscribers(1, JOIN_S)
+            for m in messages:
+                pub.publish(m)
+            closing, reached = _close_when_reached(pub)
+            reached.wait(scaled(5.0))
+            while len(got) < len(messages) and sub.poll(int(QUIET_S * 1000)):
+                got.append(sub.recv())
+            closing.join(linger_s + scaled(3.0))
+        finally:
+            if closing is None:
+                pub.close()
+            sub.close()
+            ctx.term()
+    if len(got) == len(messages) and got != messages:
+        raise Fail("close() right after publishing: the subscriber got every message, but not "
+                   "as published (one frame each, in order)")
+    if got != messages:
+        raise Fail(f"close() right after publishing {len(messages)} messages to a subscriber that "
+                   f"reads them: it got {len(got)}. close() drops what is still queued unless "
+                   "the socket's linger gives it time to leave: keep LINGER at "
+                   "PUBLISH_LINGER_MS (not 0), and close without linger=0 (no destroy(linger=0))",
+                   expected=f"{len(messages)} messages, in order", got=f"{len(got)} messages")
+
+
 @test(input="SUB A subscribes to b''; SUB B subscribes to b'x', then unsubscribes; "
             "wait_for_subscribers(3, 1.0)", timeout=8,
       hang="wait_for_subscribers must give up after its timeout: poll, never a bare recv.")
