@@ -29,6 +29,7 @@ import time
 import psutil
 import pytest
 
+from minivllm import envs
 from minivllm.utils import netns_cluster
 from minivllm.utils.netns_cluster import NetnsCluster
 
@@ -57,10 +58,11 @@ def engine_args(c: NetnsCluster, model: str | None) -> dict:
                 master_port=PORT, num_threads=1)
 
 
-def start_headless(c: NetnsCluster, model: str | None) -> list[subprocess.Popen]:
+def start_headless(c: NetnsCluster, model: str | None,
+                   env=lambda i: None) -> list[subprocess.Popen]:
     args = [sys.executable, "-m", "minivllm.cli", "serve", *([model] if model else []),
             "--headless", *engine_flags(c)]
-    return [c.popen(i, args + ["--node-rank", str(i)], stdout=subprocess.PIPE,
+    return [c.popen(i, args + ["--node-rank", str(i)], env=env(i), stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
 
 
@@ -126,11 +128,13 @@ def wait_until_generating(leader: subprocess.Popen) -> None:
     pytest.fail("the leader never started generating")
 
 
-def run_until_fault(c: NetnsCluster, model: str, fault) -> tuple[str, float]:
-    """Start the three hosts, wait until the leader generates, inject fault(nodes), and return
-    the leader's output and the seconds from the fault to EngineDeadError."""
-    nodes = start_headless(c, model)
-    leader = start_leader(c, "until_dead", model)
+def run_until_fault(c: NetnsCluster, model: str, fault, env=lambda i: None,
+                    after=lambda nodes: None) -> tuple[str, float]:
+    """Start the three hosts (host i with env(i)), wait until the leader generates, inject
+    fault(nodes), and return the leader's output and the seconds from the fault to
+    EngineDeadError; after(nodes) runs once the leader has failed."""
+    nodes = start_headless(c, model, env)
+    leader = start_leader(c, "until_dead", model, env=env(0))
     wait_until_generating(leader)
     fault(nodes)
     faulted = time.time()
@@ -140,6 +144,7 @@ def run_until_fault(c: NetnsCluster, model: str, fault) -> tuple[str, float]:
         pytest.fail(f"LLM.generate did not fail within {DEAD_WITHIN_S:g} s of the fault")
     report = last_json(out)
     assert report["error"], out
+    after(nodes)
     for node in nodes:  # the survivor hears the leader leave; the cut one by its heartbeat
         node.communicate(timeout=RUN_TIMEOUT_S)
     finish(c, [])
@@ -150,6 +155,30 @@ def test_a_remote_hosts_link_going_down_fails_generate_within_the_heartbeat(clus
     out, delay = run_until_fault(cluster, tiny_dir, lambda nodes: cluster.link_down(2))
     print(f"remote link down -> EngineDeadError in {delay:.2f} s")
     assert "(on node 2) is lost" in out and "closed or fell silent" in out
+
+
+def test_a_stopped_remote_worker_fails_the_step_after_vllm_execute_model_timeout_seconds(
+        cluster, tiny_dir):
+    """A remote rank that hangs (SIGSTOP: its connections stay open) is caught by the step's
+    deadline, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, here with the heartbeat set far above it so
+    the deadline is what fires. Each node advertises the address VLLM_HOST_IP names."""
+    def env(i: int) -> dict[str, str]:
+        return {envs.EXECUTE_MODEL_TIMEOUT_ENV: "3", envs.HEARTBEAT_TIMEOUT_ENV: "600000",
+                envs.HOST_IP_ENV: cluster.addresses[i]}
+
+    stopped = []
+    out, delay = run_until_fault(
+        cluster, tiny_dir, lambda nodes: stopped.append(stop(remote_worker(nodes[1]))), env,
+        after=lambda nodes: stopped[0].kill())  # the step gave up on it; the test ends it
+    print(f"remote worker stopped -> EngineDeadError in {delay:.2f} s "
+          f"({envs.EXECUTE_MODEL_TIMEOUT_ENV}=3)")
+    assert f"did not reply within 3 s (the deadline of the whole call, " \
+           f"{envs.EXECUTE_MODEL_TIMEOUT_ENV})" in out, out[-3000:]
+
+
+def stop(proc: psutil.Process) -> psutil.Process:
+    proc.send_signal(signal.SIGSTOP)
+    return proc
 
 
 def test_kill_9_of_a_remote_worker_makes_the_api_answer_503(cluster, tiny_dir):
