@@ -252,7 +252,10 @@ def least_loaded_after_finish(impl):
 
 
 @test(input="3 idle engines: add_request('a', engine=1), then 'b', 'c0', 'c1'; then engine=3, "
-            "engine=-1 and the id 'a' again (all refused); then 'd' and 'e'")
+            "engine=-1 and the id 'a' again (all refused); then 'd' and 'e'; then 'f' with "
+            "engine=0; then poll_outputs(0.3) with no output coming",
+      hang="poll_outputs(0.3) with nothing to take did not return: its timeout must bound the "
+           "wait (a poll with no timeout, or None, waits forever)")
 def explicit_engine_and_bad_input(impl):
     with Bench(impl, 3) as b:
         got = [b.client.add_request("a", 4, engine=1), b.client.add_request("b", 4)]
@@ -285,6 +288,15 @@ def explicit_engine_and_bad_input(impl):
         check_equal(got, [0, 1], "the engines chosen for 'd' (loads [1, 1, 2], start index 0 "
                                  "before the refusals) and 'e' (loads [2, 1, 2]): a refused "
                                  "request must not move the start index")
+        try:
+            got = b.client.add_request("f", 4, engine=0)
+        except ValueError as e:
+            raise Fail(f"add_request('f', engine=0) raised ValueError: {e}; engine 0 is the "
+                       "first engine, a valid name (look at the lower bound of your range "
+                       "check)") from None
+        check_equal(got, 0, "add_request('f', engine=0)")
+        check_equal(b.client.poll_outputs(QUIET_S), [], f"poll_outputs({QUIET_S:g}) when no "
+                                                        "engine has sent anything")
 
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0', 'r4']) after engine 0 "
