@@ -45,6 +45,7 @@ TERM_GRACE_S = 15.0  # the judge cleans up on SIGTERM; SIGKILL after this
 _running: set[subprocess.Popen] = set()
 _judge_pids: list[int] = []
 _lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def judge(ex: exercise.Exercise, path: Path, limit: float) -> dict:
@@ -54,13 +55,16 @@ def judge(ex: exercise.Exercise, path: Path, limit: float) -> dict:
 
 
 def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # ours first, then the caller's
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "judge.py"), ex.number, "--file",
-                             str(path), "--json", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    with _lock:
+    with _lock:  # no judge starts once main() is stopping them (Ctrl-C, SIGTERM)
+        if _stopping.is_set():
+            return {"verdict": "error", "test": "not graded: stopped", "seconds": 0.0}
+        proc = subprocess.Popen([sys.executable, str(ROOT / "judge.py"), ex.number, "--file",
+                                 str(path), "--json", str(out)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
         _running.add(proc)
         _judge_pids.append(proc.pid)
     try:
@@ -69,6 +73,9 @@ def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
         stop(proc)
         return {"verdict": "timeout", "test": f"over the {limit:.0f} s time limit",
                 "seconds": time.monotonic() - start}
+    except BaseException:  # Ctrl-C or SIGTERM while this thread waits (the baseline grade)
+        stop(proc)
+        raise
     finally:
         with _lock:
             _running.discard(proc)
@@ -86,20 +93,22 @@ def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
             "test": f"{first['name']} ({kind})", "seconds": seconds}
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the judge (it kills its tests and zygote), then SIGKILL what is left of it."""
+def stop(proc: subprocess.Popen, owner: bool = True) -> None:
+    """SIGTERM the judge (it kills its tests and zygote), then SIGKILL what is left of it.
+    Only the thread that started it (`owner`) reads its pipe; another one just waits."""
     import psutil
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.Error:
         tree = []
     proc.send_signal(signal.SIGTERM)
+    wait = proc.communicate if owner else proc.wait
     try:
-        proc.communicate(timeout=TERM_GRACE_S)
+        wait(timeout=TERM_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
     kill_processes([p for p in tree if p.is_running()], grace=2.0, first=signal.SIGKILL)
-    proc.communicate()
+    wait()
 
 
 def grade_mutant(ex: exercise.Exercise, mutant: mutants.Mutant, limit: float) -> dict:
@@ -226,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text + "\n", flush=True)
             write_reports(args, results, text)
     finally:  # also on Ctrl-C or SIGTERM: stop the judges still grading, then say what is left
-        for proc in list(_running):
-            stop(proc)
+        with _lock:
+            _stopping.set()
+            running = list(_running)
+        for proc in running:
+            stop(proc, owner=False)
         print(format_summary(results))
         print(left_behind(), flush=True)
     return 0

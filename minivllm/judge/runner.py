@@ -218,7 +218,8 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     scale = time_scale()
     env = dict(os.environ, **{RUN_MARKER: token, PREFIX_ENV: prefix, "TMPDIR": str(work / "tmp"),
                               MEMORY_ENV: str(MEMORY_MIB), TIME_SCALE_ENV: f"{scale:.2f}",
-                              "PYTHONPATH": os.pathsep.join([str(work), str(ROOT)])})
+                              "PYTHONPATH": os.pathsep.join(filter(None, [  # the caller's last
+                                  str(work), str(ROOT), os.environ.get("PYTHONPATH")]))})
     verdict_r, verdict_w = os.pipe()
     out_r, out_w = os.pipe()
     argv = [str(ex.tests), str(work), ex.module_name, spec.name]
