@@ -79,7 +79,7 @@ def max_size_file(impl):
         raise Fail("pipe_max_size of a missing file must raise FileNotFoundError", got=got)
 
 
-@test(input="a fresh pipe (64 KiB): grow_pipe to 256 KiB, 100000, 4096; want 0 and -1; "
+@test(input="a fresh pipe (64 KiB): grow_pipe to 256 KiB, 100000, 4096, 1; want 0 and -1; "
             "a regular file")
 def grows_and_rounds(impl):
     r, w = os.pipe()
@@ -99,6 +99,12 @@ def grows_and_rounds(impl):
         check_equal(impl.grow_pipe(w, 4096), 128 * KIB,
                     "grow_pipe(w, 4096) (it never shrinks a pipe)")
         check_equal(_size(w), 128 * KIB, "F_GETPIPE_SZ after grow_pipe(w, 4096)")
+        try:
+            check_equal(impl.grow_pipe(w, 1), 128 * KIB, "grow_pipe(w, 1): the smallest size "
+                        "there is, so the pipe keeps its own")
+        except ValueError as e:
+            raise Fail(f"grow_pipe(w, 1) raised ValueError ({e}): only want <= 0 is refused, "
+                       "and 1 is a size (check the comparison in your guard)") from None
         for bad in (0, -1):
             try:
                 got = impl.grow_pipe(w, bad)
@@ -421,7 +427,8 @@ def _nothing_left(fds: int, when: str, process_left: str) -> None:
 
 
 @test(input="transfer(8 MiB, 64 KiB), transfer(3 MiB + 123, 1 MiB), transfer(1 MiB, 100000), "
-            "transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read, transfer(0, 64 KiB)",
+            "transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read, transfer(1, 64 KiB), "
+            "transfer(0, 64 KiB), transfer(1 MiB, 0)",
       timeout=40)
 def transfer_end_to_end(impl):
     for fn, default in ((impl.Writer.finish, 10.0), (impl.transfer, 30.0)):
@@ -460,10 +467,28 @@ def transfer_end_to_end(impl):
     _nothing_left(fds, "after transfer() returned", "a writer process is still running or "
                   "unreaped")
     try:
-        got = impl.transfer(0, 64 * KIB)
-    except ValueError:
-        return
-    raise Fail("transfer(0, ...) must raise ValueError (there is no 'per MiB' of nothing)", got=got)
+        check_equal(impl.transfer(1, 64 * KIB).bytes, 1, "transfer(1, 64 KiB).bytes")
+    except ValueError as e:
+        raise Fail(f"transfer(1, 64 KiB) raised ValueError ({e}): one byte is a transfer, only "
+                   "total <= 0 is refused (check the comparison in your guard)") from None
+    _refused(impl, fds)
+
+
+def _refused(impl, fds: int) -> None:
+    """transfer(0, ...) and a pipe size grow_pipe refuses: ValueError, and no fd left behind."""
+    for total, pipe_size, why in ((0, 64 * KIB, "there is no 'per MiB' of nothing"),
+                                  (MIB, 0, "grow_pipe refuses the pipe size 0")):
+        try:
+            got = impl.transfer(total, pipe_size)
+        except ValueError:
+            _nothing_left(fds, f"after transfer({total}, {pipe_size}) raised ValueError",
+                          "a writer process was started")
+            continue
+        except Exception as e:
+            got = f"{type(e).__name__}: {e}"
+            if total:
+                got += " (when grow_pipe raises in Writer(), close both pipe ends, then re-raise)"
+        raise Fail(f"transfer({total}, {pipe_size}) must raise ValueError ({why})", got=got)
 
 
 class _BadRead:
@@ -555,10 +580,19 @@ def _finish_after(impl, sig, timeout: float):
     return got, took, reaped
 
 
-@test(input="Writer(64 MiB, 64 KiB) then finish() at once (the writer gets EPIPE and exits 1); "
+@test(input="Writer(64 MiB, 64 KiB) whose read end is closed, reaped by the judge; "
+            "Writer(64 MiB, 64 KiB) then finish() at once (the writer gets EPIPE and exits 1); "
             "one killed by SIGKILL, then finish(); "
             "Writer(64 MiB, 64 KiB) stopped (SIGSTOP), then finish(timeout=0.5)", timeout=40)
 def finish_reports_errors(impl):
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    os.close(writer.read_fd)  # the reader is gone: the writer's next write fails with EPIPE
+    try:
+        code = os.waitstatus_to_exitcode(os.waitpid(writer.pid, 0)[1])
+    finally:
+        procfs.kill_and_reap(writer.pid)
+    check_equal(code, 1, "the exit code of a writer whose write failed (EPIPE): the README "
+                "fixes os._exit(1) on an error")
     got, _, reaped = _finish_after(impl, None, WAIT_S)
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer that exited with code 1 (its reader closed the pipe "
