@@ -232,7 +232,8 @@ def spreads_when_idle(impl):
         check_equal(b.client.load(), [2, 2, 2, 2], "load() after 8 requests")
 
 
-@test(input="3 engines hold 2 requests each; engine 1 finishes both; then r6, r7, r8")
+@test(input="3 engines hold 2 requests each; engine 1 finishes both; then r6, r7, r8; engines 1 "
+            "and 2 finish r6, r2, r8; then r9; engine 2 reports r8 finished again")
 def least_loaded_after_finish(impl):
     with Bench(impl, 3) as b:
         for i in range(6):
@@ -249,6 +250,25 @@ def least_loaded_after_finish(impl):
         check_equal(b.client.reqs_in_flight,
                     {"r0": 0, "r2": 2, "r3": 0, "r5": 2, "r6": 1, "r7": 1, "r8": 2},
                     "reqs_in_flight (finished requests leave it)")
+        _check_scan_goes_up(b)
+
+
+def _check_scan_goes_up(b):
+    """Loads [2, 1, 1] from start index 0: the scan 0, 1, 2 takes engine 1 (a scan that goes
+    down, 0, 2, 1, takes engine 2). Then an id reported finished a second time is skipped."""
+    b.finished(1, ["r6"])
+    b.finished(2, ["r2", "r8"])
+    check_equal(b.client.add_request("r9", 8), 1, "the engine chosen for r9 with loads [2, 1, 1] "
+                "and start index 0: the scan goes up from the start index (0, 1, 2, mod n) and "
+                "takes the first least loaded")
+    try:
+        b.finished(2, ["r8"])
+    except KeyError as e:
+        raise Fail("poll_outputs raised KeyError when engine 2 reported r8 finished a second "
+                   "time: an id no longer in flight (an abort that met its finish) is skipped",
+                   got=repr(e)) from None
+    check_equal(b.client.load(), [2, 2, 1], "load() after engine 2 reported r8 finished twice "
+                "(the second report of an id no longer in flight changes nothing)")
 
 
 @test(input="3 idle engines: add_request('a', engine=1), then 'b', 'c0', 'c1'; then engine=3, "
