@@ -8,6 +8,7 @@ in a private directory under the judge's $TMPDIR.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import subprocess
@@ -217,9 +218,11 @@ def engine_says_ready_first(impl):
         _finish(proc, "after STOP")
 
 
-@test(input="run_engine(0, ..., idle_timeout=0.5) with nothing bound at either address",
-      timeout=20)
+@test(input="the signature of run_engine; run_engine(0, ..., idle_timeout=0.5) with nothing bound "
+            "at either address", timeout=20)
 def engine_gives_up(impl):
+    check_equal(inspect.signature(impl.run_engine).parameters["idle_timeout"].default, 30.0,
+                "the default idle_timeout of run_engine (the README fixes the signature)")
     with IpcDir() as d:
         _finish(_engine_process(impl, 0, d, idle_timeout=0.5),
                 "with no front end and idle_timeout=0.5")
@@ -375,8 +378,20 @@ def gathers_outputs(impl):
                    expected="TimeoutError", got=extra)
 
 
+def _check_short_timeout(fe):
+    """A third output, sent right after the two just taken: get_outputs(1, 0.9) returns it."""
+    try:
+        got = fe.get_outputs(1, 0.9)
+    except TimeoutError as e:
+        raise Fail("get_outputs(1, 0.9) raised TimeoutError with an output already there: a "
+                   "timeout under 1 s is a real wait (check the test that ends your loop)",
+                   got=f"TimeoutError: {e}") from None
+    check_equal(got, [("w3", 1, b"out3")], "get_outputs(1, 0.9) with one output there")
+
+
 @test(input="FrontEnd(n_engines=300), no engine; the judge's PUSH sends outputs as engine 258 "
-            "(b'\\x02\\x01') and engine 1; get_outputs(2, ...)", timeout=15)
+            "(b'\\x02\\x01') and engine 1, then one more; get_outputs(2, ...), then "
+            "get_outputs(1, 0.9)", timeout=15)
 def outputs_name_a_wide_rank(impl):
     with IpcDir() as d:
         fe = impl.FrontEnd(d.path("in"), d.path("out"), 300)
@@ -387,6 +402,7 @@ def outputs_name_a_wide_rank(impl):
             push.connect(d.path("out"))
             push.send_multipart([b"\x02\x01", b"w1", b"out1"])
             push.send_multipart([ID[1], b"w2", b"out2"])
+            push.send_multipart([ID[1], b"w3", b"out3"])  # there by the time w2 is taken
             try:
                 got = fe.get_outputs(2, WAIT_S)
             except TimeoutError as e:
@@ -395,6 +411,7 @@ def outputs_name_a_wide_rank(impl):
             check_equal(got, [("w1", 258, b"out1"), ("w2", 1, b"out2")],
                         "get_outputs: the rank of identity b'\\x02\\x01' is 258 (both bytes, "
                         "little endian: rank_of)")
+            _check_short_timeout(fe)
         finally:
             push.close()
             ctx.term()
