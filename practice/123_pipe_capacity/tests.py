@@ -668,10 +668,15 @@ class _StoppedWriter:
 
 
 @test(input="transfer(64 MiB, 64 KiB, timeout=1.0) from a writer that is stopped and let run "
-            "for 2 ms every 0.25 s for 1 s, then stalls (times stretched on a busy machine)",
+            "for 2 ms every 0.25 s for 1 s, then stalls (times stretched on a busy machine); "
+            "first, transfer(64 MiB, 64 KiB, timeout=0.3) from a writer that never runs",
       timeout=30)
 def stopped_writer_times_out(impl):
-    asked, fds = 1.0 * S, procfs.fd_count()
+    fds = procfs.fd_count()
+    if _check_no_wait_past(impl, 0.3):
+        _nothing_left(fds, "after the TimeoutError of transfer(timeout=0.3)", "the stopped "
+                      "writer is still there: kill and reap it")
+    asked = 1.0 * S
     call = f"transfer(timeout={asked:.2g})"
     started = time.monotonic()
     with _StoppedWriter(until=started + asked) as w:
@@ -704,3 +709,36 @@ def stopped_writer_times_out(impl):
                    got=f"(seconds since the start, select timeout): {late[:4]}")
     _nothing_left(fds, "after the TimeoutError", "the stopped writer is still there: kill and "
                   "reap it")
+
+
+def _check_no_wait_past(impl, asked: float) -> bool:
+    """transfer(timeout=asked) from a writer stopped from the start: no select may be asked to
+    wait longer than the whole transfer may take (the arguments are checked, not the clock).
+    False when the transfer hung until the judge killed the writer: the rest of
+    stopped_writer_times_out names that."""
+    with _StoppedWriter(until=0.0) as w:  # never let run: not a byte comes
+        timer = threading.Timer(asked + scaled(8.0), w.give_up)
+        timer.start()
+        try:
+            impl.transfer(64 * MIB, 64 * KIB, timeout=asked)
+        except Exception as exc:
+            if not (w.gave_up or isinstance(exc, TimeoutError)):
+                raise
+        else:
+            if not w.gave_up:
+                raise Fail(f"transfer(timeout={asked}) from a writer that never writes returned")
+        finally:
+            timer.cancel()
+            w.stop.set()
+            w.thread.join()
+            for pid in w.pids if w.gave_up else ():
+                procfs.kill_and_reap(pid)
+    if w.gave_up:
+        return False
+    longer = [timeout for _, timeout in w.selects if timeout is None or timeout > asked]
+    if longer:
+        raise Fail(f"transfer(timeout={asked}) called select with a timeout longer than the "
+                   f"whole transfer may take: wait at most what is left until the deadline (a "
+                   f"fixed tick, or a floor such as max(1.0, left), waits past it)",
+                   got=f"select timeouts: {longer[:4]}")
+    return True
