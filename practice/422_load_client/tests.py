@@ -50,7 +50,12 @@ SCENARIOS = {
     "error": [(0, event("x")), (0, b'data: {"error": {"message": "engine died"}}\n\n')],
     "stall": [(0, event("x")), (0, None)],  # None: silent, the connection open, until the test ends
     "held": [(0, "hold"), (0, event("h")), (0, END)],  # "hold": until HOLD_OPEN were held at once
+    "quick": [(0, event("q")), (0, END)],
+    "no tokens": [(0, END)],  # a finish event and [DONE], no text (max_tokens 0, say)
 }
+# The error body of a prompt that is no scenario: not UTF-8 (a proxy's page in latin-1, say).
+NO_SCENARIO_BODY = b'{"error": "no such scenario, caf\xe9"}'
+
 HOLD_OPEN = 3  # the concurrency of the 'held' check
 HOLD_S = scaled(3.0)  # a stream held longer than this waits for streams that never come
 STALL_TIMEOUT_S = 1.0  # stream_request's timeout in the stalled-server check
@@ -63,6 +68,7 @@ class Server:
         judge = self
         self.requests: list[dict] = []
         self.paths: list[str] = []  # the path of each POST
+        self.content_types: list[str | None] = []  # the Content-Type header of each POST
         self.arrived: dict[str, float] = {}  # prompt: when its request had been read
         self.first_write: dict[str, float] = {}  # prompt: just before its first token's write
         self.open_now = self.most_open = 0
@@ -75,17 +81,28 @@ class Server:
             def log_message(self, *args):
                 pass
 
+            def send_error_body(self, status, data):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests.append(body)
                 judge.paths.append(self.path)
+                judge.content_types.append(self.headers.get("Content-Type"))
                 judge.arrived[body.get("prompt")] = time.perf_counter()
+                # vLLM's check (vllm/entrypoints/serve/utils/api_utils.py:309): lowercased,
+                # parameters after ';' ignored
+                media = (self.headers.get("Content-Type") or "").lower().split(";")[0]
+                if media != "application/json":
+                    self.send_error_body(400, b'{"error": "Unsupported Media Type: only '
+                                              b'application/json is allowed"}')
+                    return
                 steps = SCENARIOS.get(body.get("prompt"))
                 if steps is None:
-                    self.send_response(500)
-                    self.send_header("Content-Type", "application/json")
-                    self.end_headers()
-                    self.wfile.write(b'{"error": "no such scenario"}')
+                    self.send_error_body(500, NO_SCENARIO_BODY)
                     return
                 with judge.lock:
                     judge.open_now += 1
@@ -237,6 +254,10 @@ def one_stream(impl):
                    "stream stayed open: its read waits for more bytes (resp.read(n) waits for "
                    "n bytes or the end of the stream); read what has come with resp.read1(n) "
                    "and time each event as it is parsed", got=r)
+    check_equal(s.requests[0], {"prompt": "steady", "max_tokens": 5, "stream": True},
+                "the JSON body the server received")
+    check_equal(s.content_types[0], "application/json", "the request's Content-Type header "
+                "(vLLM's server answers 400 to a body of any other media type)")
     check_equal((r.ok, r.error, r.text, r.n_tokens), (True, "", "ABCDE", 5),
                 "(ok, error, text, n_tokens)")
     check_equal(len(r.itls), 4, "len(itls): one gap per pair of consecutive tokens (the wait "
@@ -247,27 +268,30 @@ def one_stream(impl):
                    f"event with text (not from the headers, sent {HEADERS_S:g} s late, and not "
                    "to an empty event)", expected=f">= {HEADERS_S + FIRST_S:g}", got=r.ttft)
     _check_timing_identity(r, "steady")
-    check_equal(s.requests[0], {"prompt": "steady", "max_tokens": 5, "stream": True},
-                "the JSON body the server received")
 
 
 @test(input="'bursty': a comment; an empty event; tokens 'one ', then 'two ' and 'three ' in "
-            "one write, 'four\\n' in two writes 0.5 s apart, 'fïve' with \\r\\n line ends",
-      timeout=30)
+            "one write, 'four\\n' in two writes 0.5 s apart, 'fïve' with \\r\\n line ends; "
+            "'no tokens': a finish event and [DONE]", timeout=30)
 def bursts_and_split_events(impl):
     with Server() as s:
         r = impl.stream_request("127.0.0.1", s.port, "bursty", 5)
+        empty = impl.stream_request("127.0.0.1", s.port, "no tokens", 5)
     check_equal((r.ok, r.error, r.text), (True, "", "one two three four\nfïve"),
                 "(ok, error, text): events are parsed from the bytes, whatever the reads")
     check_equal((r.n_tokens, len(r.itls)), (5, 4),
                 "(n_tokens, len(itls)): one token per event with text, two events in one read "
                 "are two tokens")
     _check_timing_identity(r, "bursty")
+    check_equal((empty.ok, empty.n_tokens, empty.ttft, empty.e2e, empty.itls),
+                (True, 0, None, None, []),
+                "(ok, n_tokens, ttft, e2e, itls) of a stream without tokens: ttft and e2e stay "
+                "None until a token arrives (not 0: summarize would count a TTFT that never was)")
 
 
-@test(input="HTTP 500 ('no such scenario'); 'cut' (2 tokens, then the server closes without "
-            "[DONE]); 'error' (1 token, then data: {\"error\": ...}); 'stall' (1 token, then "
-            "silence) with timeout=1; a port nobody listens on",
+@test(input="HTTP 500 ('no such scenario', a body in latin-1); 'cut' (2 tokens, then the "
+            "server closes without [DONE]); 'error' (1 token, then data: {\"error\": ...}); "
+            "'stall' (1 token, then silence) with timeout=1; a port nobody listens on",
       timeout=30)
 def failures(impl):
     with Server() as s:
@@ -281,7 +305,9 @@ def failures(impl):
                        "error, never an exception", got=repr(e)) from None
         _check_gives_up_on_a_silent_server(impl, s)
     if bad.ok or "500" not in bad.error:
-        raise Fail("a 500 response: ok False and the status in error", got=(bad.ok, bad.error))
+        raise Fail("a 500 response whose body is not UTF-8: ok False and the status in error "
+                   "(decode the body so that no byte can fail it, or leave it out)",
+                   got=(bad.ok, bad.error))
     if cut.ok or not cut.error:
         raise Fail("a stream that ends without data: [DONE]: ok False and an error that says so",
                    got=(cut.ok, cut.error))
@@ -402,3 +428,19 @@ def uses_its_concurrency(impl):
     check_equal(most, HOLD_OPEN, f"the most streams waiting at once with concurrency "
                                  f"{HOLD_OPEN} (use the concurrency given: every slot open "
                                  "while streams wait, no more)")
+
+
+@test(input="run_load: 'quick' twice (a token and [DONE]) with concurrency 1; then 'quick' with "
+            "concurrency 0")
+def concurrency_one_and_zero(impl):
+    with Server() as s:
+        rs = impl.run_load("127.0.0.1", s.port, ["quick", "quick"], 1, 1)
+        check_equal(([(r.ok, r.text) for r in rs], s.most_open), ([(True, "q")] * 2, 1),
+                    "([(ok, text) of each result], the most streams open at once) with "
+                    "concurrency 1: one request after the other (1 is a valid concurrency)")
+        try:
+            got = impl.run_load("127.0.0.1", s.port, ["quick"], 1, 0)
+        except ValueError:
+            return
+    raise Fail("run_load(..., concurrency=0) must raise ValueError (no request can ever be "
+               "open), not run anyway", got=got)
