@@ -8,6 +8,7 @@ where a bug is off by many seconds; everything else is counted, not timed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 import threading
@@ -289,11 +290,13 @@ def bursts_and_split_events(impl):
                 "None until a token arrives (not 0: summarize would count a TTFT that never was)")
 
 
-@test(input="HTTP 500 ('no such scenario', a body in latin-1); 'cut' (2 tokens, then the "
+@test(input="stream_request's signature; HTTP 500 ('no such scenario', a body in latin-1); 'cut' (2 tokens, then the "
             "server closes without [DONE]); 'error' (1 token, then data: {\"error\": ...}); "
             "'stall' (1 token, then silence) with timeout=1; a port nobody listens on",
       timeout=30)
 def failures(impl):
+    check_equal(inspect.signature(impl.stream_request).parameters["timeout"].default, 30.0,
+                "the default timeout of stream_request (the README fixes the signature)")
     with Server() as s:
         bad = impl.stream_request("127.0.0.1", s.port, "no such scenario", 5)
         cut = impl.stream_request("127.0.0.1", s.port, "cut", 5)
