@@ -50,12 +50,12 @@ class GatedModel:
                        got=f"{len(self.calls)} calls: {self.calls}")
 
 
-class Harness:
-    """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
+class FrontEnd:
+    """The judge's front end: a ROUTER for engines' input threads, a PULL for their outputs,
+    and what came out, decoded."""
 
-    def __init__(self, impl, model, num_blocks, identity=ID, may_raise=False):
-        self.impl, self.model, self.id, self.may_raise = impl, model, identity, may_raise
-        self.ctx, self.d = zmq.Context(), IpcDir()
+    def __init__(self, identity=ID):
+        self.id, self.ctx, self.d = identity, zmq.Context(), IpcDir()
         self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
         for s in (self.router, self.pull):
             s.setsockopt(zmq.LINGER, 0)
@@ -65,26 +65,18 @@ class Harness:
         self.reasons: dict[str, list] = {}
         self.finished: list[str] = []
         self.messages: list[dict] = []  # every EngineCoreOutputs received, decoded
-        self.stuck = False  # a test saw run_busy_loop hang: closing does not wait for it again
-        self.error = None  # what run_busy_loop raised
-        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks,
-                                      identity)
-        self.loop = threading.Thread(target=self._run_busy_loop, daemon=True)
-        self.loop.start()
-        if not self.router.poll(int(WAIT_S * 1000)):
-            raise Fail("no READY from the engine's input thread: its DEALER must connect and "
-                       "send [b'READY'] first")
-        check_equal(self.router.recv_multipart(), [identity, b"READY"],
-                    f"the first message from the engine (identity {identity!r}, then READY)")
 
-    def _run_busy_loop(self):
-        try:
-            self.engine.run_busy_loop()
-        except BaseException as e:  # noqa: BLE001 (close() reports it)
-            self.error = e
+    def expect_readies(self, identities, what):
+        got, deadline = [], time.monotonic() + WAIT_S
+        while len(got) < len(identities):
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.router.poll(int(left * 1000)):
+                break
+            got.append(self.router.recv_multipart())
+        check_equal(sorted(got), [[i, b"READY"] for i in sorted(identities)], what)
 
-    def add(self, rid, prompt_len, max_tokens):
-        self.router.send_multipart([self.id, b"ADD", msgspec.msgpack.encode(
+    def add(self, rid, prompt_len, max_tokens, identity=None):
+        self.router.send_multipart([identity or self.id, b"ADD", msgspec.msgpack.encode(
             {"request_id": rid, "prompt_token_ids": list(range(prompt_len)),
              "max_tokens": max_tokens})])
 
@@ -113,6 +105,35 @@ class Harness:
 
     def seen(self):
         return {"tokens": self.tokens, "finished": self.finished}
+
+    def close_front_end(self, term=True):
+        self.router.close()
+        self.pull.close()
+        if term:
+            self.ctx.term()
+        self.d.close()
+
+
+class Harness(FrontEnd):
+    """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
+
+    def __init__(self, impl, model, num_blocks, identity=ID, may_raise=False):
+        super().__init__(identity)
+        self.impl, self.model, self.may_raise = impl, model, may_raise
+        self.stuck = False  # a test saw run_busy_loop hang: closing does not wait for it again
+        self.error = None  # what run_busy_loop raised
+        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks,
+                                      identity)
+        self.loop = threading.Thread(target=self._run_busy_loop, daemon=True)
+        self.loop.start()
+        self.expect_readies([identity], f"the first message from the engine (identity "
+                            f"{identity!r}, then READY: its DEALER connects and sends it first)")
+
+    def _run_busy_loop(self):
+        try:
+            self.engine.run_busy_loop()
+        except BaseException as e:  # noqa: BLE001 (close() reports it)
+            self.error = e
 
     def during_held_step(self, first, adds=(), aborts=()):
         """ADD `first`, which the model holds in its step; meanwhile send `adds`, then
@@ -147,10 +168,7 @@ class Harness:
                 raise Fail(f"run_busy_loop raised {self.error!r} (the model raised nothing): at "
                            "[b'SHUTDOWN'] it must return, after its finally's shutdown()")
         finally:
-            self.router.close()
-            self.pull.close()
-            self.ctx.term()
-            self.d.close()
+            self.close_front_end()
 
     def __enter__(self):
         return self
@@ -392,17 +410,15 @@ def two_engines(impl):
         _expect_tokens(b, "r0", 1, 2)
 
 
-class BareEngine:
-    """The learner's EngineCore with no busy loop (the test calls it), a front end's ROUTER and
-    PULL bound for its IO threads; leaving the `with` shuts it down, unless `stuck`."""
+class BareEngine(FrontEnd):
+    """The learner's EngineCore with no busy loop (the test calls it) and a front end for its IO
+    threads; leaving the `with` shuts it down, unless `stuck`. Threads started while it is made
+    run `hold` as their trace."""
 
     def __init__(self, impl, model, num_blocks, hold=None):
-        self.d, self.ctx = IpcDir(), zmq.Context()
-        self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
-        self.router.bind(self.d.path("in"))
-        self.pull.bind(self.d.path("out"))
+        super().__init__()
         self.stuck, self.engine, self.hold = False, None, hold
-        if hold is not None:  # threads started from here on run its trace
+        if hold is not None:  # until __exit__: a thread may read the hook after start() returned
             threading.settrace(hold)
         try:
             self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
@@ -419,11 +435,7 @@ class BareEngine:
             self.hold.release.set()
         if self.engine is not None and not self.stuck:
             self.engine.shutdown()
-        for s in (self.router, self.pull):
-            s.close(linger=0)
-        if not self.stuck:
-            self.ctx.term()
-        self.d.close()
+        self.close_front_end(term=not self.stuck)
 
 
 @test(input="no busy loop, no identity given: the test calls add_request(r0: prompt 2, max 3), "
@@ -433,10 +445,8 @@ def abort_between_steps(impl):
     model = GatedModel()
     with BareEngine(impl, model, 4) as b:
         engine = b.engine
-        if not b.router.poll(int(WAIT_S * 1000)):
-            raise Fail("no READY from the engine's input thread")
-        check_equal(b.router.recv_multipart(), [ID, b"READY"], "the first message from an "
-                    "engine made without an identity (the default identity is b'\\x00\\x00')")
+        b.expect_readies([ID], "the first message from an engine made without an identity "
+                         "(the default identity is b'\\x00\\x00')")
         engine.add_request(impl.EngineCoreRequest("r0", [0, 1], 3))
         check_equal([o.new_token_ids for o in engine.step().outputs], [[2]], "r0's first step")
         check_equal(engine.abort_requests(["ghost", "r0"]), ["r0"], "abort_requests(['ghost', "
@@ -564,36 +574,22 @@ SERVE = "import {module} as m; m.serve({inp!r}, {out!r}, 4{identity})"
             "(prompt 1, max 2) to the first, b (prompt 2, max 2) to the second; [b'SHUTDOWN'] to "
             "each", timeout=30)
 def serve_two_engine_processes(impl):
-    d, ctx = IpcDir(), zmq.Context()
-    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
-    router.bind(d.path("in"))
-    pull.bind(d.path("out"))
-    ids, procs = [ID, b"\x01\x00"], []
+    fe, ids, procs = FrontEnd(), [ID, b"\x01\x00"], []
     try:
         for identity in ("", ", b'\\x01\\x00'"):
-            code = SERVE.format(module=impl.__name__, inp=d.path("in"), out=d.path("out"),
-                                identity=identity)
+            code = SERVE.format(module=impl.__name__, inp=fe.d.path("in"),
+                                out=fe.d.path("out"), identity=identity)
             procs.append(subprocess.Popen([sys.executable, "-c", code], text=True,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        ready, deadline = [], time.monotonic() + WAIT_S
-        while len(ready) < 2 and router.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-            ready.append(tuple(router.recv_multipart()))
-        check_equal(sorted(ready), [(i, b"READY") for i in ids], "the READYs of the two engine "
-                    "processes (serve gives EngineCore the identity it is given; with none, "
-                    "b'\\x00\\x00')")
-        for identity, (rid, plen) in zip(ids, [("a", 1), ("b", 2)]):
-            router.send_multipart([identity, b"ADD", msgspec.msgpack.encode(
-                {"request_id": rid, "prompt_token_ids": list(range(plen)), "max_tokens": 2})])
-        tokens, finished = {}, []
-        while len(finished) < 2 and pull.poll(int(WAIT_S * 1000)):
-            outs = msgspec.msgpack.decode(pull.recv())
-            for o in outs["outputs"]:
-                tokens.setdefault(o["request_id"], []).extend(o["new_token_ids"])
-            finished += outs["finished_requests"]
-        check_equal(tokens, {"a": [1, 2], "b": [2, 3]}, "the tokens from the two engine "
+        fe.expect_readies(ids, "the READYs of the two engine processes (serve gives EngineCore "
+                          "the identity it is given; with none, b'\\x00\\x00')")
+        fe.add("a", 1, 2, identity=ids[0])
+        fe.add("b", 2, 2, identity=ids[1])
+        fe.collect(lambda: len(fe.finished) == 2, "a and b to finish")
+        check_equal(fe.tokens, {"a": [1, 2], "b": [2, 3]}, "the tokens from the two engine "
                     "processes (echo_model: token = position)")
         for identity, proc in zip(ids, procs):
-            router.send_multipart([identity, b"SHUTDOWN"])
+            fe.router.send_multipart([identity, b"SHUTDOWN"])
             try:
                 _, err = proc.communicate(timeout=WAIT_S)
             except subprocess.TimeoutExpired:
@@ -605,7 +601,4 @@ def serve_two_engine_processes(impl):
                            got=proc.returncode, detail=err[-2000:])
     finally:
         kill_if_alive(*procs)
-        for s in (router, pull):
-            s.close(linger=0)
-        ctx.term()
-        d.close()
+        fe.close_front_end()
