@@ -149,7 +149,6 @@ class EngineCore:
         for rid in request_ids:
             if (req := self.running.pop(rid, None)) is not None:
                 self.block_pool.free(req.blocks)
-                req.blocks = []
             elif (req := next((r for r in self.waiting if r.request_id == rid), None)):
                 self.waiting.remove(req)
             else:
@@ -190,7 +189,6 @@ class EngineCore:
             if done:
                 del self.running[rid]
                 self.block_pool.free(req.blocks)
-                req.blocks = []
                 self.finished_ids.append(rid)
         finished, self.finished_ids = self.finished_ids, []
         return EngineCoreOutputs(outputs, finished)

@@ -8,6 +8,7 @@ inside execute until the test lets it go, so an abort lands mid-step every time,
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ import msgspec
 import zmq
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(5.0)  # a message between threads or processes not here after this is lost
@@ -49,12 +50,12 @@ class GatedModel:
                        got=f"{len(self.calls)} calls: {self.calls}")
 
 
-class Harness:
-    """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
+class FrontEnd:
+    """The judge's front end: a ROUTER for engines' input threads, a PULL for their outputs,
+    and what came out, decoded."""
 
-    def __init__(self, impl, model, num_blocks, identity=ID):
-        self.impl, self.model, self.id = impl, model, identity
-        self.ctx, self.d = zmq.Context(), IpcDir()
+    def __init__(self, identity=ID):
+        self.id, self.ctx, self.d = identity, zmq.Context(), IpcDir()
         self.router, self.pull = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
         for s in (self.router, self.pull):
             s.setsockopt(zmq.LINGER, 0)
@@ -64,19 +65,18 @@ class Harness:
         self.reasons: dict[str, list] = {}
         self.finished: list[str] = []
         self.messages: list[dict] = []  # every EngineCoreOutputs received, decoded
-        self.stuck = False  # a test saw run_busy_loop hang: closing does not wait for it again
-        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks,
-                                      identity)
-        self.loop = threading.Thread(target=self.engine.run_busy_loop, daemon=True)
-        self.loop.start()
-        if not self.router.poll(int(WAIT_S * 1000)):
-            raise Fail("no READY from the engine's input thread: its DEALER must connect and "
-                       "send [b'READY'] first")
-        check_equal(self.router.recv_multipart(), [identity, b"READY"],
-                    f"the first message from the engine (identity {identity!r}, then READY)")
 
-    def add(self, rid, prompt_len, max_tokens):
-        self.router.send_multipart([self.id, b"ADD", msgspec.msgpack.encode(
+    def expect_readies(self, identities, what):
+        got, deadline = [], time.monotonic() + WAIT_S
+        while len(got) < len(identities):
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.router.poll(int(left * 1000)):
+                break
+            got.append(self.router.recv_multipart())
+        check_equal(sorted(got), [[i, b"READY"] for i in sorted(identities)], what)
+
+    def add(self, rid, prompt_len, max_tokens, identity=None):
+        self.router.send_multipart([identity or self.id, b"ADD", msgspec.msgpack.encode(
             {"request_id": rid, "prompt_token_ids": list(range(prompt_len)),
              "max_tokens": max_tokens})])
 
@@ -106,6 +106,35 @@ class Harness:
     def seen(self):
         return {"tokens": self.tokens, "finished": self.finished}
 
+    def close_front_end(self, term=True):
+        self.router.close()
+        self.pull.close()
+        if term:
+            self.ctx.term()
+        self.d.close()
+
+
+class Harness(FrontEnd):
+    """The judge's front end around the learner's EngineCore, run_busy_loop in a thread."""
+
+    def __init__(self, impl, model, num_blocks, identity=ID, may_raise=False):
+        super().__init__(identity)
+        self.impl, self.model, self.may_raise = impl, model, may_raise
+        self.stuck = False  # a test saw run_busy_loop hang: closing does not wait for it again
+        self.error = None  # what run_busy_loop raised
+        self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks,
+                                      identity)
+        self.loop = threading.Thread(target=self._run_busy_loop, daemon=True)
+        self.loop.start()
+        self.expect_readies([identity], f"the first message from the engine (identity "
+                            f"{identity!r}, then READY: its DEALER connects and sends it first)")
+
+    def _run_busy_loop(self):
+        try:
+            self.engine.run_busy_loop()
+        except BaseException as e:  # noqa: BLE001 (close() reports it)
+            self.error = e
+
     def during_held_step(self, first, adds=(), aborts=()):
         """ADD `first`, which the model holds in its step; meanwhile send `adds`, then
         `aborts`; once the input thread queued them all, release the model."""
@@ -128,18 +157,18 @@ class Harness:
                            "messages on its own, whatever the busy loop is doing")
             time.sleep(0.005)
 
-    def close(self):
+    def close(self, wait=WAIT_S):
         try:
             self.router.send_multipart([self.id, b"SHUTDOWN"])
-            self.loop.join(WAIT_S if self.loop.is_alive() and not self.stuck else 0)
+            self.loop.join(wait if self.loop.is_alive() and not self.stuck else 0)
             if self.loop.is_alive():
                 raise Fail("run_busy_loop did not return within "
                            f"{WAIT_S:g} s of [b'SHUTDOWN']")
+            if self.error is not None and not self.may_raise:
+                raise Fail(f"run_busy_loop raised {self.error!r} (the model raised nothing): at "
+                           "[b'SHUTDOWN'] it must return, after its finally's shutdown()")
         finally:
-            self.router.close()
-            self.pull.close()
-            self.ctx.term()
-            self.d.close()
+            self.close_front_end()
 
     def __enter__(self):
         return self
@@ -148,9 +177,9 @@ class Harness:
         self.model.released.set()
         if exc_type is None:
             self.close()
-        else:  # report the first failure, not a shutdown that failed because of it
+        else:  # report the first failure (in the test's time), not a shutdown failing after it
             try:
-                self.close()
+                self.close(wait=scaled(1.0))
             except Fail:
                 pass
 
@@ -239,7 +268,7 @@ def abort_right_after_add(impl):
 
 
 @test(input="8 blocks of 4 tokens; the model holds step 1 (rh: 1 block); meanwhile ADD r0 "
-            "(2 blocks), r1 (6 blocks), r2 (1 block), in that order")
+            "(2 blocks), r1 (6 blocks), r2 (1 block), in that order", timeout=20)
 def admits_in_order(impl):
     model = GatedModel(lambda n, batch: n == 1)
     with Harness(impl, model, 8) as h:
@@ -354,7 +383,7 @@ class FailingModel(GatedModel):
 def model_error_shuts_down(impl):
     with _nothing_left_after("run_busy_loop ended with the model's error (call shutdown() in "
                              "a finally)"):
-        h = Harness(impl, FailingModel(), 4)
+        h = Harness(impl, FailingModel(), 4, may_raise=True)
         try:
             h.add("r0", 1, 2)
             h.loop.join(WAIT_S)
@@ -381,18 +410,48 @@ def two_engines(impl):
         _expect_tokens(b, "r0", 1, 2)
 
 
-@test(input="no busy loop: the test calls add_request(r0: prompt 2, max 3), step(), "
-            "abort_requests(['r0']), step(), abort_requests(['r0']) itself; 4 blocks")
+class BareEngine(FrontEnd):
+    """The learner's EngineCore with no busy loop (the test calls it) and a front end for its IO
+    threads; leaving the `with` shuts it down, unless `stuck`. Threads started while it is open
+    run `hold` as their trace."""
+
+    def __init__(self, impl, model, num_blocks, hold=None):
+        super().__init__()
+        self.stuck, self.engine, self.hold = False, None, hold
+        if hold is not None:  # until __exit__: a thread may read the hook after start() returned
+            threading.settrace(hold)
+        try:
+            self.engine = impl.EngineCore(self.d.path("in"), self.d.path("out"), model, num_blocks)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        threading.settrace(None)
+        if self.hold is not None:
+            self.hold.release.set()
+        if self.engine is not None and not self.stuck:
+            self.engine.shutdown()
+        self.close_front_end(term=not self.stuck)
+
+
+@test(input="no busy loop, no identity given: the test calls add_request(r0: prompt 2, max 3), "
+            "step(), abort_requests(['ghost', 'r0']), step(), abort_requests(['r0']) itself; "
+            "4 blocks")
 def abort_between_steps(impl):
-    model, d, ctx = GatedModel(), IpcDir(), zmq.Context()
-    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
-    router.bind(d.path("in"))
-    pull.bind(d.path("out"))
-    engine = impl.EngineCore(d.path("in"), d.path("out"), model, 4)
-    try:
+    model = GatedModel()
+    with BareEngine(impl, model, 4) as b:
+        engine = b.engine
+        b.expect_readies([ID], "the first message from an engine made without an identity "
+                         "(the default identity is b'\\x00\\x00')")
         engine.add_request(impl.EngineCoreRequest("r0", [0, 1], 3))
         check_equal([o.new_token_ids for o in engine.step().outputs], [[2]], "r0's first step")
-        check_equal(engine.abort_requests(["r0"]), ["r0"], "abort_requests(['r0']) (running)")
+        check_equal(engine.abort_requests(["ghost", "r0"]), ["r0"], "abort_requests(['ghost', "
+                    "'r0']) with r0 running (an unknown id is skipped: the ids after it are "
+                    "still aborted)")
         if not engine.has_work():
             raise Fail("has_work() is False right after r0 was aborted: its finished id is not "
                        "reported yet, so the busy loop must step once more to send it")
@@ -403,64 +462,143 @@ def abort_between_steps(impl):
         check_equal((engine.has_work(), engine.abort_requests(["r0"]),
                      engine.block_pool.num_free), (False, [], 4),
                     "(has_work(), abort_requests(['r0']) again, block_pool.num_free)")
-    finally:
-        engine.shutdown()
-        for s in (router, pull):
-            s.close(linger=0)
-        ctx.term()
-        d.close()
 
 
-@test(input="no busy loop: the judge holds output_queue's lock, queues 3 EngineCoreOutputs (r0, r1, "
-            "r2) behind the output thread's back, calls shutdown(), and lets go once shutdown() "
-            "waits")
+class HoldAtReturn:
+    """A trace for threading.settrace: holds the thread running the method `name` when that
+    method returns (its finally done), until `release` is set."""
+
+    def __init__(self, name):
+        self.name, self.held, self.release = name, threading.Event(), threading.Event()
+
+    def __call__(self, frame, event, arg):
+        return self._local if frame.f_code.co_name == self.name else None
+
+    def _local(self, frame, event, arg):
+        if event == "return":
+            self.held.set()
+            self.release.wait(WAIT_S * 2)
+        return self._local
+
+
+@test(input="no busy loop: the judge holds output_queue's lock, queues 3 EngineCoreOutputs (r0, "
+            "r1, r2) behind the output thread's back, calls shutdown(), and lets go once "
+            "shutdown() waits; it holds the output thread when process_output_socket returns")
 def shutdown_sends_what_is_queued(impl):
-    d, ctx = IpcDir(), zmq.Context()
-    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
-    router.bind(d.path("in"))
-    pull.bind(d.path("out"))
-    engine = impl.EngineCore(d.path("in"), d.path("out"), GatedModel(), 4)
-    q, closer = engine.output_queue, None
-    try:
+    hold = HoldAtReturn("process_output_socket")
+    with BareEngine(impl, GatedModel(), 4, hold=hold) as b:
+        q, closer = b.engine.output_queue, None
         with q.mutex:  # the output thread cannot take anything until the judge lets go
             for i in range(3):
                 q.queue.append(impl.EngineCoreOutputs([impl.EngineCoreOutput(f"r{i}", [i])], []))
                 q.unfinished_tasks += 1
             q.not_empty.notify()
-            closer = threading.Thread(target=engine.shutdown, name="judge-shutdown", daemon=True)
+            closer = threading.Thread(target=b.engine.shutdown, name="judge-shutdown",
+                                      daemon=True)
             closer.start()
-            _wait_until_blocked(closer)
+            _wait_until_in(closer, ("put", "join"))
+        if hold.held.wait(WAIT_S):  # the output thread has closed its PUSH and is held
+            _wait_until_in(closer, ("join",))
+            if not closer.is_alive():
+                raise Fail("shutdown() returned while the output thread was still running (the "
+                           "judge held it as process_output_socket returned): join both IO "
+                           "threads before ctx.term()")
+        hold.release.set()
         closer.join(WAIT_S)
         if closer.is_alive():
+            b.stuck = True
             raise Fail(f"shutdown() did not return within {WAIT_S:g} s with 3 outputs queued")
         got = []
-        while len(got) < 3 and pull.poll(int(WAIT_S * 1000)):
-            got += [o["request_id"] for o in msgspec.msgpack.decode(pull.recv())["outputs"]]
+        while len(got) < 3 and b.pull.poll(int(WAIT_S * 1000)):
+            got += [o["request_id"] for o in msgspec.msgpack.decode(b.pull.recv())["outputs"]]
         if got != ["r0", "r1", "r2"]:
             raise Fail("3 outputs were on output_queue when shutdown() was called; the front end "
                        f"received {len(got)}: the output thread must send what is queued before "
                        "it stops (stop at the None sentinel that shutdown() queues behind them, "
                        "not at a stop flag)", expected=["r0", "r1", "r2"], got=got)
-    finally:
-        if closer is None or not closer.is_alive():
-            engine.shutdown()
-        for s in (router, pull):
-            s.close(linger=0)
-        if closer is None or not closer.is_alive():
-            ctx.term()
-        d.close()
+        if not hold.held.is_set():
+            raise Fail("the output thread never returned from process_output_socket: run it "
+                       "as the output thread's target (the README names it)")
 
 
-def _wait_until_blocked(thread):
-    """Wait until `thread` waits in a queue's put or a join (shutdown() waiting for the output
-    thread), or ends."""
+def _wait_until_in(thread, names):
+    """Wait until `thread` waits in a queue's or threading's function named in `names` (put:
+    shutdown() queueing None; join), or ends."""
     deadline = time.monotonic() + WAIT_S
     while thread.is_alive() and time.monotonic() < deadline:
         frame = sys._current_frames().get(thread.ident)
         while frame is not None:
             code = frame.f_code
-            if code.co_name in ("put", "join") and code.co_filename.endswith(("queue.py",
-                                                                              "threading.py")):
+            if code.co_name in names and code.co_filename.endswith(("queue.py", "threading.py")):
                 return
             frame = frame.f_back
         time.sleep(0.005)
+
+
+@test(input="no busy loop: add_request r0, then r1 (prompt 2, max 3 each), 8 blocks; step() "
+            "twice; this model answers 100 + position, and inside its second call puts ['r0'] "
+            "on aborts_queue (as the input thread does when an ABORT arrives during execute)")
+def abort_in_step_skips_only_it(impl):
+    calls = []
+
+    def model(batch):
+        calls.append(dict(batch))
+        if len(calls) == 2:
+            b.engine.aborts_queue.put(["r0"])
+        return {rid: 100 + pos for rid, pos in batch.items()}
+
+    with BareEngine(impl, model, 8) as b:
+        for rid in ("r0", "r1"):
+            b.engine.add_request(impl.EngineCoreRequest(rid, [0, 1], 3))
+        got = [(o.request_id, o.new_token_ids) for o in b.engine.step().outputs]
+        check_equal(got, [("r0", [102]), ("r1", [102])], "the outputs of step 1 (this model's "
+                    "token is 100 + position: emit the token the model sampled, not the "
+                    "position it was given)")
+        out = b.engine.step()
+        got = [(o.request_id, o.new_token_ids) for o in out.outputs]
+        if got != [("r1", [103])]:
+            raise Fail("the outputs of the step during which r0 was aborted: r0's token is "
+                       "dropped, and r1's, after it in the same step, is still emitted: skip an "
+                       "aborted request in the update (continue), do not stop at it",
+                       expected=[("r1", [103])], got=got)
+        check_equal(out.finished_requests, ["r0"], "finished_requests of that step")
+        check_equal(b.engine.running["r1"].output, [102, 103], "engine.running['r1'].output "
+                    "after two steps (the update appends each sampled token to the Request)")
+
+
+SERVE = "import {module} as m; m.serve({inp!r}, {out!r}, 4{identity})"
+
+
+@test(input="two engine processes, each running serve() with 4 blocks, on one front end (one "
+            "ROUTER, one PULL): one with no identity given, one with b'\\x01\\x00'; ADD a "
+            "(prompt 1, max 2) to the first, b (prompt 2, max 2) to the second; [b'SHUTDOWN'] to "
+            "each", timeout=30)
+def serve_two_engine_processes(impl):
+    fe, ids, procs = FrontEnd(), [ID, b"\x01\x00"], []
+    try:
+        for identity in ("", ", b'\\x01\\x00'"):
+            code = SERVE.format(module=impl.__name__, inp=fe.d.path("in"),
+                                out=fe.d.path("out"), identity=identity)
+            procs.append(subprocess.Popen([sys.executable, "-c", code], text=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        fe.expect_readies(ids, "the READYs of the two engine processes (serve gives EngineCore "
+                          "the identity it is given; with none, b'\\x00\\x00')")
+        fe.add("a", 1, 2, identity=ids[0])
+        fe.add("b", 2, 2, identity=ids[1])
+        fe.collect(lambda: len(fe.finished) == 2, "a and b to finish")
+        check_equal(fe.tokens, {"a": [1, 2], "b": [2, 3]}, "the tokens from the two engine "
+                    "processes (echo_model: token = position)")
+        for identity, proc in zip(ids, procs):
+            fe.router.send_multipart([identity, b"SHUTDOWN"])
+            try:
+                _, err = proc.communicate(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                raise Fail(f"the engine process {identity!r} still ran {WAIT_S:g} s after "
+                           "[b'SHUTDOWN']") from None
+            if proc.returncode != 0:
+                raise Fail(f"the engine process {identity!r} exited with code "
+                           f"{proc.returncode} after [b'SHUTDOWN']", expected=0,
+                           got=proc.returncode, detail=err[-2000:])
+    finally:
+        kill_if_alive(*procs)
+        fe.close_front_end()
