@@ -12,12 +12,17 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
 
 WAIT_S = scaled(20.0)  # a reply or a process start that takes this long is lost
+HANG_S = scaled(10.0)  # a call that should end at once (or within POLL_S) hangs
 
 
 def _raises(fn, exc_type, must_contain, what):
@@ -30,9 +35,31 @@ def _raises(fn, exc_type, must_contain, what):
             raise Fail(f"{what}: the {exc_type.__name__} must say {missing}",
                        expected=f"a message with {must_contain}", got=str(e))
         return str(e)
+    except Fail:
+        raise
     except Exception as e:
         raise Fail(f"{what} must raise {exc_type.__name__}", got=repr(e))
     raise Fail(f"{what} must raise {exc_type.__name__}", got=got)
+
+
+def _returns(fn, what, why):
+    """fn() in a thread; Fail naming `what` and why(), not a bare time-out, if it hangs."""
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(_outcome(fn)), daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    if thread.is_alive():
+        raise Fail(f"{what} was still waiting {HANG_S:g} s later: {why()}")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _outcome(fn):
+    try:
+        return {"value": fn()}
+    except Exception as e:
+        return {"error": e}
 
 
 class Running:
@@ -125,13 +152,22 @@ def worker_loop(impl):
             "get_rank with output_rank=1", timeout=40)
 def gathers_in_rank_order(impl):
     with Running(impl, 3) as e:
-        check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank')")
+        check_equal([getattr(getattr(p, "_popen", None), "method", None) for p in e.procs],
+                    ["spawn"] * 3, "how each worker process was started (README: the spawn "
+                    "context; a forked worker inherits the parent's threads and, in vLLM, its "
+                    "CUDA state)")
+        check_equal(_returns(lambda: e.collective_rpc("get_rank"), "collective_rpc('get_rank')",
+                             lambda: "every worker answers get_rank at once: does the call drop "
+                                     "its own replies (the call-id check)?"),
+                    [0, 1, 2], "collective_rpc('get_rank')")
         check_equal(e.collective_rpc("echo", ("x",)), ["x", "x", "x"],
                     "collective_rpc('echo', ('x',))")
         check_equal(e.collective_rpc("sleep", ([0.4, 0.2, 0],)), ["slept 0.4", "slept 0.2",
                                                                   "slept 0"],
                     "collective_rpc('sleep', ([0.4, 0.2, 0],)): results in rank order")
-        check_equal(e.collective_rpc("get_rank", output_rank=1), 1,
+        check_equal(_returns(lambda: e.collective_rpc("get_rank", output_rank=1),
+                             "collective_rpc('get_rank', output_rank=1)",
+                             lambda: "only rank 1 replies: read its queue alone"), 1,
                     "collective_rpc('get_rank', output_rank=1): the output rank's result alone")
         try:  # only rank 0 replies: a call that waits for every rank times out
             got = e.collective_rpc("get_rank", timeout=scaled(3.0), output_rank=0)
@@ -140,6 +176,8 @@ def gathers_in_rank_order(impl):
         check_equal(got, 0, "collective_rpc('get_rank', output_rank=0): rank 0's result alone "
                             "(0 is a rank, not None: only rank 0 replies)")
         check_equal(e.collective_rpc("get_rank"), [0, 1, 2], "collective_rpc('get_rank') again")
+        check_equal(e.failed, None, "`failed` while every worker is alive (None, not another "
+                                    "false value)")
 
 
 @test(input="Executor(3): boom on rank 0 while ranks 1 and 2 take 1 s to reply; at once "
@@ -157,7 +195,8 @@ def error_names_the_worker(impl):
 
 
 @test(input="Executor(3): sleep [1.0, 2.0, 3.0] with timeout=2.5; then sleep [0.4, 0.4, 0.4] "
-            "with timeout=5; get_rank", timeout=40)
+            "with timeout=5; get_rank; sleep [0.3]*3 with timeout=0; with POLL_S 60 s, "
+            "sleep [0, 0, 0.6] with timeout=0.3", timeout=40)
 def one_deadline(impl):
     with Running(impl, 3) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)  # the workers are up
@@ -168,18 +207,25 @@ def one_deadline(impl):
         if "worker 2" not in message and "worker 1" not in message:  # 1 only on a slow machine
             raise Fail(f"{what}: the TimeoutError must name the worker that did not answer",
                        expected="... worker 2 ...", got=message)
-        time.sleep(1.0)  # worker 2's late reply has arrived by now
+        if "sleep" not in message:
+            raise Fail(f"{what}: the TimeoutError must name the method that was not answered",
+                       expected="worker 2 did not answer 'sleep' within 2.5 s", got=message)
         check_equal(e.collective_rpc("sleep", ([0.4, 0.4, 0.4],), timeout=5), ["slept 0.4"] * 3,
                     "sleep [0.4, 0.4, 0.4] with timeout=5 right after the timed-out call "
-                    "(worker 2's late 'slept 3.0' is a reply to the same method: only a call "
-                    "id, fresh for every call, tells it from this call's answer)")
+                    "(worker 2's late 'slept 3.0', in its queue before this answer, is a reply "
+                    "to the same method: only a call id, fresh for every call, tells it from "
+                    "this call's answer)")
         check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
                     "collective_rpc('get_rank') after those calls")
-        _raises(lambda: e.collective_rpc("sleep", ([1.0, 1.0, 1.0],), timeout=0), TimeoutError,
-                ["worker 0"], "sleep [1.0, 1.0, 1.0] with timeout=0 (a deadline that has passed "
+        _raises(lambda: e.collective_rpc("sleep", ([0.3, 0.3, 0.3],), timeout=0), TimeoutError,
+                ["worker 0"], "sleep [0.3, 0.3, 0.3] with timeout=0 (a deadline that has passed "
                 "already, not 'no timeout')")
         check_equal(e.collective_rpc("get_rank", timeout=WAIT_S), [0, 1, 2],
                     "collective_rpc('get_rank') after the call with timeout=0")
+        impl.POLL_S = 3 * WAIT_S  # a slice longer than the call's timeout must end at its deadline
+        _raises(lambda: e.collective_rpc("sleep", ([0, 0, 0.6],), timeout=0.3), TimeoutError, [],
+                f"sleep [0, 0, 0.6] with timeout=0.3 while POLL_S is {impl.POLL_S:g} s (each wait "
+                "gets at most what is left of the deadline, min(POLL_S, left), not a whole slice)")
 
 
 @test(input="Executor(3): boom on rank 2 with output_rank=2; then sleep [0, 0, 1.0] with "
@@ -191,6 +237,9 @@ def errors_name_the_output_rank(impl):
                "replies read)"
         _raises(lambda: e.collective_rpc("boom", (2,), timeout=WAIT_S, output_rank=2),
                 RuntimeError, ["worker 2"], f"collective_rpc('boom', (2,), output_rank=2) {what}")
+        check_equal(e.collective_rpc("boom", (2,), timeout=WAIT_S, output_rank=1),
+                    "no boom on rank 1", "collective_rpc('boom', (2,), output_rank=1): rank 1's "
+                    "result (rank 2 raised, but only the output rank's reply is read)")
         _raises(lambda: e.collective_rpc("sleep", ([0, 0, 1.0],), timeout=0.3, output_rank=2),
                 TimeoutError, ["worker 2"], "collective_rpc('sleep', ([0, 0, 1.0],), timeout=0.3, "
                 f"output_rank=2) {what}")
@@ -203,8 +252,12 @@ def errors_name_the_output_rank(impl):
 def death_fails_pending_call(impl):
     with Running(impl, 3) as e:
         e.collective_rpc("get_rank", timeout=WAIT_S)
-        _raises(lambda: e.collective_rpc("die", (1, 3, 1.0)), RuntimeError, ["worker 1", "3"],
-                "a call (no timeout) during which worker 1 exits with code 3")
+        what = "a call (no timeout) during which worker 1 exits with code 3"
+        _raises(lambda: _returns(lambda: e.collective_rpc("die", (1, 3, 1.0)), what, lambda: (
+            "`failed` is still None: the monitor did not record the death (wait on every "
+            "worker's sentinel)" if e.failed is None else f"`failed` is set ({e.failed!r}) but "
+            "the waiting call does not look at it between waits of at most POLL_S")),
+                RuntimeError, ["worker 1", "3"], what)
         _raises(lambda: e.collective_rpc("get_rank", timeout=WAIT_S), RuntimeError, ["worker 1"],
                 "collective_rpc after a worker died (the executor has failed)")
         impl.POLL_S = WAIT_S  # rank 0's answer comes within one slice, however busy the machine
@@ -284,3 +337,54 @@ def shutdown_is_clean(impl):
                    "joined)", got=left)
     _raises(lambda: e.collective_rpc("get_rank", timeout=5), RuntimeError, [],
             "collective_rpc after shutdown()")
+
+
+ENDS_WITHOUT_SHUTDOWN = """
+import threading, {module} as m
+e = m.Executor(2)
+print(*(p.pid for p in e.procs), flush=True)
+print(e.collective_rpc("get_rank", timeout={wait}), flush=True)
+print("non-daemon workers:", [r for r, p in enumerate(e.procs) if not p.daemon],
+      "non-daemon threads:", [t.name for t in threading.enumerate()
+                              if not (t.daemon or t is threading.main_thread())], flush=True)
+"""  # and the program ends, without shutdown()
+
+
+@test(input="a program: Executor(2), get_rank, and its end without shutdown()", timeout=40)
+def exit_without_shutdown(impl):
+    code = ENDS_WITHOUT_SHUTDOWN.format(module=impl.__name__, wait=WAIT_S)
+    with tempfile.TemporaryDirectory() as d:  # files, not pipes: the workers inherit stdout
+        out, err = Path(d, "out"), Path(d, "err")
+        with out.open("w") as o, err.open("w") as r:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=o, stderr=r)
+        lines, deadline = [], time.monotonic() + WAIT_S
+        while proc.poll() is None and len(lines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            lines = out.read_text().splitlines()
+        try:
+            proc.wait(HANG_S if len(lines) == 3 else 0)  # exiting takes well under 1 s
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            for pid in lines[0].split() if lines else []:  # the workers, orphaned and waiting
+                kill_pid(int(pid))
+            if len(lines) < 3:
+                raise Fail(f"a program that made an Executor(2) and called get_rank printed "
+                           f"only {lines} in {WAIT_S:g} s", got=err.read_text()[-800:]) from None
+            raise Fail(f"a program that made an Executor and ended without shutdown() did not "
+                       f"exit ({lines[-1]}): at exit Python joins non-daemon threads, then "
+                       "non-daemon child processes, and neither ends by itself. The workers "
+                       "must be daemon processes and the monitor a daemon thread (vLLM: "
+                       "multiproc_executor.py:394, :849)") from None
+        lines, errors = out.read_text().splitlines(), err.read_text()
+    if proc.returncode != 0 or lines[1:2] != ["[0, 1]"]:
+        raise Fail("a program that made an Executor(2), called get_rank and ended without "
+                   f"shutdown() exited with code {proc.returncode}",
+                   expected="exit code 0 after printing [0, 1]", got=(lines, errors[-800:]))
+
+
+def kill_pid(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
