@@ -4,6 +4,7 @@ capabilities, and the command line on exercise 213."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -348,3 +349,34 @@ def test_a_judge_stopped_by_sigterm_kills_the_test_it_was_running(tmp_path):
             os.kill(pid, signal.SIGKILL)
         judge.kill()
         judge.wait()
+
+
+def test_a_judge_killed_outright_takes_its_running_test_with_it(tmp_path):
+    """SIGKILL runs no cleanup in the judge: the zygote that forked the test sees the judge's end
+    of their socket close and kills the test's session. The same path covers a SIGTERM that lands
+    between asking the zygote for a fork and learning the new test's pid (once seen in CI)."""
+    learner = tmp_path / "process_count.py"
+    learner.write_text("import os, signal\n\ndef serve_process_count(tp, dp, pp=1, "
+                       "api_server_count=None):\n    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    canary = f"judge-canary-{uuid.uuid4().hex}"
+    work_root = tempfile.mkdtemp(prefix="jk", dir="/tmp")  # short: the judge keeps it
+    judge = subprocess.Popen([sys.executable, "judge.py", "102", "--file", str(learner)], cwd=ROOT,
+                             env=dict(os.environ, JUDGE_CANARY=canary, TMPDIR=work_root),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(state == "T" for _, state in _with_canary(canary)):
+            assert judge.poll() is None and time.monotonic() < deadline, "no test stopped itself"
+            time.sleep(0.05)
+        judge.kill()
+        judge.wait()
+        deadline = time.monotonic() + 10
+        while _with_canary(canary) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _with_canary(canary), "the killed judge's test (or zygote) outlived it"
+    finally:
+        for pid, _ in _with_canary(canary):
+            os.kill(pid, signal.SIGKILL)
+        judge.kill()
+        judge.wait()
+        shutil.rmtree(work_root, ignore_errors=True)

@@ -8,13 +8,17 @@ minivllm.judge.child) with two fds, the output pipe and the verdict pipe. The zy
 the child starts its own session, takes the fds, the environment and the folder, and runs the
 test as `python -m minivllm.judge.child` would. The zygote answers {"pid": ...}, then
 {"exit": code} once the child is reaped (code as subprocess reports it: -N for signal N).
+When the judge's end closes while a test runs, the zygote kills the test's session and exits.
 Nothing of the tests or the learner's module is kept: the child loads both afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -54,8 +58,35 @@ def serve(sock: socket.socket) -> None:
         for fd in fds:
             os.close(fd)
         sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        _, status = os.waitpid(pid, 0)
+        status = _wait_or_judge_gone(sock, pid)
+        if status is None:
+            return
         sock.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+
+
+def _wait_or_judge_gone(sock: socket.socket, pid: int) -> int | None:
+    """The child's wait status; None when the judge went away first (killed, or stopped by a
+    signal between asking for this fork and learning its pid): the child's session is killed,
+    so a test never outlives the judge that ran it."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    child = os.pidfd_open(pid)
+    poller.register(child, select.POLLIN)
+    try:
+        while True:
+            ready = dict(poller.poll())
+            if child in ready:
+                return os.waitpid(pid, 0)[1]
+            if sock.fileno() in ready:
+                if sock.recv(1, socket.MSG_PEEK):  # not a request the judge would send now
+                    poller.unregister(sock)
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # its own session: pgid == pid
+                os.waitpid(pid, 0)
+                return None
+    finally:
+        os.close(child)
 
 
 def _child(sock: socket.socket, fds: list[int], request: dict) -> None:
