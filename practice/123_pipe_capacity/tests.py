@@ -27,6 +27,7 @@ from minivllm.judge.api import Fail, check_equal, scaled, test
 
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 KIB, MIB = 1 << 10, 1 << 20
+SLOW_DEATH_S = 0.2  # how long a SIGKILLed writer takes to die in finish_reports_errors
 WAIT_S = scaled(10.0)  # a pipe not filled (or a child not answering) in this long never will
 S = scaled(1.0)  # the trickle stretches with the judge's time limits, and the slack with it
 TRICKLE_S = 0.25 * S  # a stopped writer is let run this often, for 2 ms
@@ -566,15 +567,55 @@ def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
     return outcome[0], time.monotonic() - started
 
 
-def _finish_after(impl, sig, timeout: float):
+class _SlowToDie:
+    """While active, os.kill(pid, SIGKILL) returns at once and the signal lands SLOW_DEATH_S
+    later, through a pidfd (never another process that took the pid): a killed process is gone
+    only once the kernel has torn it down, which on a busy machine takes a while. Code that
+    reaps with a blocking wait after the kill is unaffected; one that polls once (WNOHANG) and
+    moves on leaves the writer behind, every time instead of on an unlucky schedule."""
+
+    def __init__(self, pid: int):
+        self.pid, self.pidfd, self.timers = pid, os.pidfd_open(pid), []
+
+    def __enter__(self):
+        real = self.real = os.kill
+
+        def kill(pid, sig):
+            if pid != self.pid or sig != signal.SIGKILL:
+                return real(pid, sig)
+            timer = threading.Timer(SLOW_DEATH_S, self._deliver)
+            self.timers.append(timer)
+            timer.start()
+        os.kill = kill
+        return self
+
+    def _deliver(self) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:  # reaped meanwhile
+            pass
+
+    def __exit__(self, *exc) -> None:
+        os.kill = self.real
+        for timer in self.timers:
+            timer.join()
+        os.close(self.pidfd)
+
+
+def _finish_after(impl, sig, timeout: float, slow_to_die: bool = False):
     """Writer(64 MiB, 64 KiB), sent `sig` (None: nothing), then finish(timeout) in a thread:
     (what it returned or raised, seconds, whether the writer was reaped by then)."""
     writer = impl.Writer(64 * MIB, 64 * KIB)
     if sig is not None:
         os.kill(writer.pid, sig)
     try:
-        got, took = _finish_in_thread(writer, timeout)
-        reaped = procfs.reaped(writer.pid)
+        if slow_to_die:
+            with _SlowToDie(writer.pid):
+                got, took = _finish_in_thread(writer, timeout)
+                reaped = procfs.reaped(writer.pid)
+        else:
+            got, took = _finish_in_thread(writer, timeout)
+            reaped = procfs.reaped(writer.pid)
     finally:
         procfs.kill_and_reap(writer.pid)
     return got, took, reaped
@@ -606,7 +647,8 @@ def finish_reports_errors(impl):
         raise Fail("finish() of a writer killed by SIGKILL must raise RuntimeError: its wait "
                    "status holds a signal, not an exit code of 0 (os.waitstatus_to_exitcode "
                    "gives -9)", expected="RuntimeError: ...", got=got)
-    got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5)  # alive, never exits by itself
+    got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5,  # alive, never exits by itself
+                                      slow_to_die=True)
     if got == "hung":
         raise Fail(f"finish(timeout=0.5) of a stopped writer had not returned {took:.1f} s "
                    "later, when the judge killed the writer: wait with a deadline (wait4 with "
@@ -615,9 +657,10 @@ def finish_reports_errors(impl):
         raise Fail("finish(timeout=0.5) of a writer that never exits must raise TimeoutError",
                    expected="TimeoutError: ...", got=got)
     if not reaped:
-        raise Fail("finish(timeout=0.5) raised TimeoutError but left the writer running: "
-                   "kill it with SIGKILL (a stopped process does not act on SIGTERM) and reap "
-                   "it before raising", got=got)
+        raise Fail("finish(timeout=0.5) raised TimeoutError but left the writer unreaped: "
+                   "kill it with SIGKILL (a stopped process does not act on SIGTERM), then reap "
+                   "it with a blocking wait before raising (the judge made the killed writer "
+                   f"take {SLOW_DEATH_S:g} s to die, as a busy machine can)", got=got)
 
 
 class _StoppedWriter:
