@@ -108,13 +108,22 @@ class Server:
                 with judge.lock:
                     judge.open_now += 1
                     judge.most_open = max(judge.most_open, judge.open_now)
+                still_open = [True]
+
+                def close_count():  # once, and before the last write: a client that then
+                    with judge.lock:  # sends its next request finds this stream counted out
+                        if still_open:
+                            still_open.pop()
+                            judge.open_now -= 1
                 try:
                     time.sleep(HEADERS_S if body["prompt"] == "steady" else 0)
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
-                    for delay, data in steps:
+                    for i, (delay, data) in enumerate(steps):
                         time.sleep(delay)
+                        if i == len(steps) - 1 and isinstance(data, bytes):
+                            close_count()
                         if data is GATE:
                             judge.gate_missed |= not judge.gate.wait(GATE_S)
                             continue
@@ -131,8 +140,7 @@ class Server:
                 except OSError:
                     pass  # the client went away
                 finally:
-                    with judge.lock:
-                        judge.open_now -= 1
+                    close_count()
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
