@@ -20,10 +20,10 @@ from minivllm.judge.properties import for_all, st
 
 FIRST_S = 0.5  # the server's wait before the first token
 HEADERS_S = 0.3  # 'steady' sends its response headers this late (a server that queues first)
-# Between the tokens of a 'long' stream: 2.5 s a stream, so a queued request waits 2.5 s for a
+# Between the tokens of a 'long' stream: 2 s a stream, so a queued request waits 2 s for a
 # slot, and a clock started before that wait is off by as much (scaled: a busy machine delays
 # the client's reads by seconds; the wait stretches with it).
-LONG_GAP_S = scaled(0.4)
+LONG_GAP_S = scaled(0.3)
 
 
 def event(text, finish=None) -> bytes:
@@ -389,7 +389,7 @@ def summarize_math(impl):
 
 
 @test(input="run_load: prompts long0..long3 (first token after 0.5 s, 1 s for long0, then 5 "
-            "more 0.4 s apart; distinct texts), 'no such scenario' between them (HTTP 500), "
+            "more 0.3 s apart; distinct texts), 'no such scenario' between them (HTTP 500), "
             "concurrency 2", timeout=60)
 def concurrent_load(impl):
     prompts = ["long0", "long1", "no such scenario", "long2", "long3"]
