@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from minivllm.utils.netns_cluster import NetnsCluster
+from test_multinode_netns import last_json
 
 HERE = os.path.dirname(__file__)
 HTTP_PORT = 8000  # each cluster has its own network: nobody else holds it
@@ -49,8 +50,6 @@ def streams(c: NetnsCluster, host: int, target: str, model: str, n: int) -> subp
                   json.dumps({"url": target, "model": model, "n": n}))
 
 
-def last_json(out: str) -> dict:
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 
 def streams_report(proc: subprocess.Popen) -> dict:

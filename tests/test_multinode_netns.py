@@ -72,7 +72,10 @@ def start_leader(c: NetnsCluster, mode: str, model: str | None, **kwargs) -> sub
 
 
 def last_json(out: str) -> dict:
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    """The last JSON report the driver printed. stderr shares the pipe, so a dying process's
+    traceback can follow the report on its line: decode the object, ignore what follows."""
+    line = [line for line in out.splitlines() if line.startswith("{")][-1]
+    return json.JSONDecoder().raw_decode(line)[0]
 
 
 def finish(c: NetnsCluster, procs: list[subprocess.Popen]) -> list[str]:

@@ -29,7 +29,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.entrypoints import serve
 from minivllm.utils import netns_cluster
 from minivllm.utils.netns_cluster import NetnsCluster
-from test_multinode_netns import wait_until_generating
+from test_multinode_netns import last_json, wait_until_generating
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, "tests", "multinode_driver.py")
@@ -260,7 +260,7 @@ def test_kill_9_of_rank_0s_actor_is_heard_through_ray(ray_cluster, tiny_dir):
         out = leader.communicate(timeout=DEAD_WITHIN_S)[0]
     except subprocess.TimeoutExpired:
         pytest.fail(f"LLM.generate did not fail within {DEAD_WITHIN_S:g} s of the kill")
-    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    report = last_json(out)
     print(f"kill -9 of rank 0's actor -> EngineDeadError in {report['dead_at'] - killed:.2f} s")
     assert report["error"], out[-4000:]
     assert f"worker 0 (Ray actor on {c.addresses[0]}) died (ActorDiedError" in out, out[-4000:]
@@ -279,7 +279,7 @@ def test_llm_in_a_ray_actor_takes_the_actors_placement_group(ray_cluster, tiny_d
                      stderr=subprocess.STDOUT, text=True)
     out = driver.communicate(timeout=RUN_TIMEOUT_S)[0]
     assert driver.returncode == 0, out[-4000:]
-    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    report = last_json(out)
     assert len(report["tokens"]) == 8 and report["pg_free_cpus"] == 0, report
     assert report["pg_state"] == "CREATED", report
     _, alive = psutil.wait_procs(ray_processes(c), timeout=STOP_WITHIN_S)
