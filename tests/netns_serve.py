@@ -50,8 +50,6 @@ def streams(c: NetnsCluster, host: int, target: str, model: str, n: int) -> subp
                   json.dumps({"url": target, "model": model, "n": n}))
 
 
-
-
 def streams_report(proc: subprocess.Popen) -> dict:
     return last_json(proc.communicate(timeout=RUN_TIMEOUT_S)[0])
 

@@ -72,8 +72,9 @@ def start_leader(c: NetnsCluster, mode: str, model: str | None, **kwargs) -> sub
 
 
 def last_json(out: str) -> dict:
-    """The last JSON report the driver printed. stderr shares the pipe, so a dying process's
-    traceback can follow the report on its line: decode the object, ignore what follows."""
+    """The last JSON report the driver printed. Others write to the same output (stderr is
+    merged into it; Ray forwards its workers' lines from a thread), and such a line can land
+    between print's text and its newline: decode the object, ignore what follows it."""
     line = [line for line in out.splitlines() if line.startswith("{")][-1]
     return json.JSONDecoder().raw_decode(line)[0]
 
