@@ -74,7 +74,7 @@ def list_exercises() -> int:
 
 
 def grade_once(ex: exercise.Exercise, path: Path, args) -> bool:
-    g = runner.grade(ex, path)
+    g = runner.grade(ex, path, first=tuple(args.first))
     print(report.format_grade(g))
     if args.json:
         Path(args.json).write_text(json.dumps(g.to_json(), indent=2))
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--check", action="store_true",
                         help="authors: the solution passes, the starter and every variant fail")
+    parser.add_argument("--first", action="append", default=[], metavar="TEST",
+                        help="authors: run this test before the others (repeatable)")
     parser.add_argument("--in-engine", action="store_true",
                         help="213 only: run your ring under a TP=3 engine (minivllm/judge/in_engine.py)")
     args = parser.parse_args(argv)
@@ -134,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if in_engine.grade(str(path)) else 1
     if args.watch:
         return watch(ex, path, args)
-    return 0 if grade_once(ex, path, args) else 1
+    try:
+        return 0 if grade_once(ex, path, args) else 1
+    except runner.UnknownTest as e:
+        parser.exit(2, f"judge.py: {e}\n")
 
 
 if __name__ == "__main__":

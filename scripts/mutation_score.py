@@ -4,6 +4,8 @@ judge, and show what the tests let through.
 
     python scripts/mutation_score.py                  all exercises
     python scripts/mutation_score.py 102 121 --jobs 2 --json out.json --report-dir notes/
+    python scripts/mutation_score.py --json again.json --first-from out.json   the same sweep
+        again, each mutant's killer from out.json graded first; prints every verdict that changed
 
 Per exercise: mutants made, killed (by a failing test; "by timeout" when a test hung or the
 mutant ran past --time-limit), the equivalent ones listed in requirements.md (not graded),
@@ -48,13 +50,14 @@ _lock = threading.Lock()
 _stopping = threading.Event()
 
 
-def judge(ex: exercise.Exercise, path: Path, limit: float) -> dict:
-    """Grade one file: {"verdict": killed | survived | timeout | error, "test", "seconds"}."""
+def judge(ex: exercise.Exercise, path: Path, limit: float, first: str | None = None) -> dict:
+    """Grade one file: {"verdict": killed | survived | timeout | error, "test", "failed",
+    "seconds"}; the test named `first` runs before the others."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{ex.number}-") as tmp:
-        return _judge(ex, path, limit, Path(tmp) / "grade.json")
+        return _judge(ex, path, limit, Path(tmp) / "grade.json", first)
 
 
-def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
+def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path, first: str | None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # ours first, then the caller's
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.monotonic()
@@ -62,7 +65,8 @@ def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
         if _stopping.is_set():
             return {"verdict": "error", "test": "not graded: stopped", "seconds": 0.0}
         proc = subprocess.Popen([sys.executable, str(ROOT / "judge.py"), ex.number, "--file",
-                                 str(path), "--json", str(out)], cwd=ROOT, env=env,
+                                 str(path), "--json", str(out),
+                                 *(["--first", first] if first else [])], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         _running.add(proc)
@@ -90,7 +94,7 @@ def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path) -> dict:
     first = next(t for t in grade["tests"] if t["status"] == "fail")
     kind = first.get("kind", "fail")
     return {"verdict": "timeout" if kind == "timeout" else "killed",
-            "test": f"{first['name']} ({kind})", "seconds": seconds}
+            "test": f"{first['name']} ({kind})", "failed": first["name"], "seconds": seconds}
 
 
 def stop(proc: subprocess.Popen, owner: bool = True) -> None:
@@ -111,14 +115,18 @@ def stop(proc: subprocess.Popen, owner: bool = True) -> None:
     wait()
 
 
-def grade_mutant(ex: exercise.Exercise, mutant: mutants.Mutant, limit: float) -> dict:
+def grade_mutant(ex: exercise.Exercise, mutant: mutants.Mutant, limit: float,
+                 first: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"mutant-{ex.number}-") as tmp:
         path = Path(tmp) / ex.file
         path.write_text(mutant.text)
-        return judge(ex, path, limit)
+        return judge(ex, path, limit, first)
 
 
-def score_exercise(ex: exercise.Exercise, jobs: int, time_limit: float | None) -> dict:
+def score_exercise(ex: exercise.Exercise, jobs: int, time_limit: float | None,
+                   earlier: dict | None = None) -> dict:
+    """`earlier`: this exercise's result from an earlier sweep; each mutant's killer runs first."""
+    killers = {i: r.get("failed") for i, r in (earlier or {}).get("mutants", {}).items()}
     listed = mutants.equivalent_mutants(ex.folder / "requirements.md")
     made = mutants.make_mutants(ex.solution.read_text(), f"solutions/{ex.solution.name}")
     ids = {m.id for m in made}
@@ -136,7 +144,8 @@ def score_exercise(ex: exercise.Exercise, jobs: int, time_limit: float | None) -
     pool = ThreadPoolExecutor(jobs)
     try:
         with tqdm(total=len(todo), desc=ex.number, unit="mutant", file=sys.stderr) as bar:
-            for m, res in zip(todo, pool.map(lambda m: grade_mutant(ex, m, limit), todo)):
+            for m, res in zip(todo, pool.map(
+                    lambda m: grade_mutant(ex, m, limit, killers.get(m.id)), todo)):
                 result["mutants"][m.id] = {**res, "line": m.line, "function": m.function,
                                            "diff": m.diff}
                 bar.update()
@@ -202,6 +211,32 @@ def format_summary(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def compare(earlier: dict, results: list[dict]) -> str:
+    """Verdicts (killed, a timeout counted as killed, or survived) that differ from the earlier
+    run's, mutants only one run made, and kills by another test than last time."""
+    lines, same, moved = [], 0, 0
+    for r in results:
+        before = earlier.get(r["exercise"], {}).get("mutants", {})
+        for mid in sorted(set(before) | set(r["mutants"])):
+            a, b = before.get(mid), r["mutants"].get(mid)
+            if a is None or b is None:
+                lines.append(f"  {r['exercise']} {mid}: graded only in the "
+                             f"{'later' if a is None else 'earlier'} run")
+            elif _killed(a) != _killed(b) or "error" in (a["verdict"], b["verdict"]):
+                lines.append(f"  {r['exercise']} {mid}: {a['verdict']} {a['test']} -> "
+                             f"{b['verdict']} {b['test']}")
+            else:
+                same += 1
+                moved += a.get("failed") != b.get("failed")
+    head = (f"same verdict as the earlier run: {same} mutants ({moved} killed by another test); "
+            f"differing: {len(lines)}")
+    return "\n".join([head, *lines])
+
+
+def _killed(r: dict) -> bool:
+    return r["verdict"] in ("killed", "timeout")
+
+
 def left_behind() -> str:
     """What the judges started here left: processes under this one, /dev/shm entries."""
     import psutil
@@ -220,17 +255,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write every result as JSON")
     parser.add_argument("--time-limit", type=float, metavar="S",
                         help="seconds per mutant (default: 3x the solution's grade + 60)")
+    parser.add_argument("--first-from", metavar="FILE",
+                        help="an earlier run's --json: grade each mutant's killer first, and "
+                             "print every verdict that differs from that run's")
     parser.add_argument("--report-dir", metavar="DIR",
                         help="write NNN.txt per exercise as it finishes, and SUMMARY.txt")
     args = parser.parse_args(argv)
     exercises = ([exercise.find(n) for n in args.numbers] if args.numbers
                  else exercise.all_exercises())
+    earlier = ({r["exercise"]: r for r in json.loads(Path(args.first_from).read_text())}
+               if args.first_from else {})
     become_subreaper()  # a judge killed at the time limit leaves its orphans to us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     try:
         for ex in exercises:
-            results.append(score_exercise(ex, args.jobs, args.time_limit))
+            results.append(score_exercise(ex, args.jobs, args.time_limit,
+                                          earlier.get(ex.number)))
             text = format_result(results[-1])
             print(text + "\n", flush=True)
             write_reports(args, results, text)
@@ -241,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc in running:
             stop(proc, owner=False)
         print(format_summary(results))
+        if args.first_from:
+            print(compare(earlier, results))
         print(left_behind(), flush=True)
     return 0
 

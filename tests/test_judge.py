@@ -208,6 +208,17 @@ def test_cli_says_in_one_line_what_is_wrong_with_its_arguments(tmp_path):
     assert "Traceback" not in folder.stderr
 
 
+def test_first_runs_the_named_tests_first_and_refuses_a_name_it_lacks(tmp_path):
+    """The mutation sweep's --first-from passes a mutant's earlier killer to the judge."""
+    from minivllm.judge.child import load_tests
+    ran = run_judge("102", "--solution", "--first", "rejects_bad_sizes", "--first", "docs_examples",
+                    "--json", str(tmp_path / "r.json"))
+    names = [t["name"] for t in json.loads((tmp_path / "r.json").read_text())["tests"]]
+    assert ran.returncode == 0 and names[:2] == ["docs_examples", "rejects_bad_sizes"], names
+    assert sorted(names) == sorted(s.name for s in load_tests(str(exercise.find("102").tests))[1])
+    wrong = run_judge("102", "--solution", "--first", "no_such_test")
+    assert wrong.returncode == 2 and "no test named ['no_such_test']" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
 def test_cli_started_with_another_python_runs_with_the_venv():
     """A Python without the project's packages (python -I -S: no site-packages) re-executes
     judge.py with .venv's interpreter, or says in one line how to set it up."""

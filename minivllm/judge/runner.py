@@ -85,7 +85,14 @@ def has_capability(name: str) -> bool:
     return False
 
 
-def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade:
+class UnknownTest(ValueError):
+    """--first named a test the exercise does not have."""
+
+
+def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True,
+          first: tuple[str, ...] = ()) -> Grade:
+    """Run the exercise's tests on `path`, in file order except that the tests named in `first`
+    go first (a mutation sweep runs the test that killed a mutant last time before the rest)."""
     become_subreaper()
     result = Grade(ex, path)
     with _sigterm_as_exit():
@@ -95,7 +102,10 @@ def grade(ex: Exercise, path: Path, stop_at_first_failure: bool = True) -> Grade
             # the zygote imported the tests (torch and all) so that this process need not
             specs = ([api.TestSpec(fn=None, **{**s, "requires": tuple(s["requires"])})
                       for s in listed] or load_tests(str(ex.tests))[1])
-            for spec in specs:
+            unknown = set(first) - {s.name for s in specs}
+            if unknown:
+                raise UnknownTest(f"exercise {ex.number} has no test named {sorted(unknown)}")
+            for spec in sorted(specs, key=lambda s: s.name not in first):
                 _grade_one(ex, path, spec, result, stop_at_first_failure, forks)
         finally:
             if forks:
