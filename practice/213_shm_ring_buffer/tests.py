@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import sys
 import time
+import traceback
 
 from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, scaled, test
@@ -326,7 +328,20 @@ SLOW_EVERY, SLOW_S = 97, 0.02  # the slow reader's pauses: the writer must wait 
 
 
 def _reader_process(module_name, name, r, n, c, b, seed, count, slow, conn):
-    impl = __import__(module_name)
+    try:
+        problem = _read_all(__import__(module_name), name, r, n, c, b, seed, count, slow)
+    except Exception as exc:  # reported at once: the writer stops instead of waiting for a flag
+        yours = getattr(sys.modules.get(module_name), "__file__", None)
+        frames = traceback.extract_tb(exc.__traceback__)
+        frame = ([f for f in frames if f.filename == yours] or frames)[-1]  # your last line
+        problem = ("raised", f"{type(exc).__name__}: {exc}",
+                   f"{os.path.basename(frame.filename)} line {frame.lineno}, in {frame.name}")
+    conn.send(problem)
+    conn.close()
+
+
+def _read_all(impl, name, r, n, c, b, seed, count, slow):
+    """Reads the count messages as reader r; returns None, or (index, got, expected)."""
     expected = _messages(seed, count, b - HEADER)
     shm_ring = impl.ShmRing(n, c, b, name=name)
     rd, problem = shm_ring.reader(r), None
@@ -341,8 +356,7 @@ def _reader_process(module_name, name, r, n, c, b, seed, count, slow, conn):
             problem = (k, "nothing (timed out)" if m is None else m, expected[k])
             break
     shm_ring.close()
-    conn.send(problem)
-    conn.close()
+    return problem
 
 
 @test(input="1, 2 and 4 reader processes (with 4, reader 1 falls behind now and then), "
@@ -384,6 +398,10 @@ def processes(impl):
         owner.unlink()
         where = f"{n} reader process(es), {count} messages" + (", reader 1 slow" if n == 4 else "")
         for r, rep in problems:
+            if rep[0] == "raised":
+                raise Fail(f"reader process {r} raised {rep[1]} ({rep[2]}) while it attached by "
+                           "name (ShmRing(..., name=...)), made its reader (reader(r)) or read "
+                           "(try_read)", input=where)
             k, got, want = rep if rep != "no report" else ("?", "no report", "a report")
             late = (" (the writer filled the ring before the readers attached: attaching by name "
                     "must not reset the segment)") if isinstance(k, int) and k < c else ""
