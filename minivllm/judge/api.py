@@ -8,6 +8,7 @@ learner's code. Tests run in the order they are defined, each in its own child p
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,6 +56,15 @@ def scaled(seconds: float) -> float:
 def check_equal(got: Any, expected: Any, what: str, input: str | None = None) -> None:
     if got != expected:
         raise Fail(f"{what} is wrong", expected=expected, got=got, input=input)
+
+
+def learner_frame(tb, impl_dir: str) -> str:
+    """The learner's last line in a traceback ('f() at line N: source'), or '' if none."""
+    frames = [f for f in traceback.extract_tb(tb) if f.filename.startswith(impl_dir)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.name}() at line {f.lineno}: {f.line}"
 
 
 def kill_if_alive(*procs: Any) -> None:

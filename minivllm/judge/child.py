@@ -33,14 +33,6 @@ def load_tests(tests_path: str):
     return module, list(api.REGISTRY)
 
 
-def _learner_frame(tb, impl_dir: str) -> str:
-    frames = [f for f in traceback.extract_tb(tb) if f.filename.startswith(impl_dir)]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f"{f.name}() at line {f.lineno}: {f.line}"
-
-
 class _ForkedChildReturned(Exception):
     """A process the learner's code forked came back into the test's code."""
 
@@ -84,11 +76,11 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
                               f"{os.environ.get('MINIVLLM_JUDGE_MEMORY_MIB', '?')} MiB of address "
                               "space. Look for a buffer that grows without bound.")
     except NotImplementedError:
-        where = _learner_frame(sys.exc_info()[2], impl_dir)
+        where = api.learner_frame(sys.exc_info()[2], impl_dir)
         result.update(status="fail", kind="todo",
                       message=f"not implemented yet: {where or 'a TODO'} raises NotImplementedError")
     except BaseException as exc:  # the learner's code crashed: show where
-        where = _learner_frame(exc.__traceback__, impl_dir)
+        where = api.learner_frame(exc.__traceback__, impl_dir)
         tb = "".join(traceback.format_exception(exc, limit=-4))
         raised = f"your code raised {type(exc).__name__}: {exc}"
         if os.getpid() != test_pid:

@@ -7,10 +7,9 @@ import os
 import random
 import sys
 import time
-import traceback
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, learner_frame, scaled, test
 from minivllm.judge.interleave import InstrumentedBuffer, Violation, explore
 
 PROCESS_WAIT_S = scaled(20.0)  # a message not delivered in this long means a lost flag, not slowness
@@ -331,11 +330,9 @@ def _reader_process(module_name, name, r, n, c, b, seed, count, slow, conn):
     try:
         problem = _read_all(__import__(module_name), name, r, n, c, b, seed, count, slow)
     except Exception as exc:  # reported at once: the writer stops instead of waiting for a flag
-        yours = getattr(sys.modules.get(module_name), "__file__", None)
-        frames = traceback.extract_tb(exc.__traceback__)
-        frame = ([f for f in frames if f.filename == yours] or frames)[-1]  # your last line
+        impl_dir = os.path.dirname(sys.modules[module_name].__file__)  # imported before the fork
         problem = ("raised", f"{type(exc).__name__}: {exc}",
-                   f"{os.path.basename(frame.filename)} line {frame.lineno}, in {frame.name}")
+                   learner_frame(exc.__traceback__, impl_dir))
     conn.send(problem)
     conn.close()
 
@@ -399,7 +396,8 @@ def processes(impl):
         where = f"{n} reader process(es), {count} messages" + (", reader 1 slow" if n == 4 else "")
         for r, rep in problems:
             if rep[0] == "raised":
-                raise Fail(f"reader process {r} raised {rep[1]} ({rep[2]}) while it attached by "
+                where_yours = f" in {rep[2]}" if rep[2] else ""
+                raise Fail(f"reader process {r} raised {rep[1]}{where_yours}, while it attached by "
                            "name (ShmRing(..., name=...)), made its reader (reader(r)) or read "
                            "(try_read)", input=where)
             k, got, want = rep if rep != "no report" else ("?", "no report", "a report")
