@@ -12,8 +12,9 @@ chapters: setup
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
 	  $$([ "$$(uname -s)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser)
 
+# In 2 pytest-xdist workers, each test file whole in one (tests/conftest.py says which first).
 test: setup
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # Chapters with their outputs (reused from the test suite's runs where fresh), the figures and the
 # exercises, built by Sphinx into _build/book/; it prints how to open it.
