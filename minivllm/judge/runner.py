@@ -329,7 +329,10 @@ def _marked_processes(token: str) -> list[psutil.Process]:
 def _add_leaks(res: dict, before: Snapshot, token: str) -> None:
     # What is still alive escaped the test's process: every descendant comes back to the
     # judge (a subreaper), and the environment marker finds the rest.
-    leaks = before.leaks(settle=LEAK_SETTLE_S, extra_processes=_marked_processes(token))
+    # settle stretches with load, as the time limits do: at load 20 on 2 cores a resource
+    # tracker whose clients died took over 0.5 s to exit, and read as the learner's leak
+    leaks = before.leaks(settle=LEAK_SETTLE_S * time_scale(),
+                         extra_processes=_marked_processes(token))
     if leaks.others:
         res["warnings"] = [leaks.warning()]
     messages = []
