@@ -25,6 +25,7 @@ multiprocessing.resource_tracker.ensure_running()
 become_subreaper()  # a test's process that double-forks comes back to pytest, to be found
 name_default_segments()  # SharedMemory(create=True) without a name gets the test's prefix
 _test_ids = itertools.count()
+TEST_PREFIX = "minivllm-t"  # + pytest's pid + "x" + the test's number: each test's own names
 
 
 # The longest files first, so that `pytest -n 2` (make test) starts them at once: the exercise
@@ -91,13 +92,14 @@ def one_host_tp3_tokens() -> list[int]:
 def _another_runs(path: str) -> bool:
     """A file named under another pytest process's test prefix (the other xdist worker, or a
     second run of the suite): that process checks and removes it, so it is not worth a word."""
-    owners = {int(m[1]) for part in path.split("/") if (m := re.match(r"minivllm-t(\d+)x", part))}
+    owners = {int(m[1]) for part in path.split("/")
+              if (m := re.match(rf"{TEST_PREFIX}(\d+)x", part))}
     return bool(owners) and os.getpid() not in owners
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(monkeypatch):
-    prefix = f"minivllm-t{os.getpid()}x{next(_test_ids)}"
+    prefix = f"{TEST_PREFIX}{os.getpid()}x{next(_test_ids)}"
     private = tempfile.mkdtemp(prefix=prefix + "-")  # short: ipc paths nest under it
     monkeypatch.setenv(PREFIX_ENV, prefix)
     monkeypatch.setenv("TMPDIR", private)

@@ -26,6 +26,7 @@ import time
 # 723 s in 3 shards and 514 s in 6, at 139% CPU: the judge stretches its time limits with
 # the load it sees, so more shards gain little more.
 SHARDS = 6
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def check(kind: str, number: str, name: str) -> str | None:
@@ -59,8 +60,7 @@ def run_all(keys: list[tuple[str, str, str]], shards: int = SHARDS,
 def _shard(todo: queue.SimpleQueue, results: dict, seconds: dict | None) -> None:
     """One shard process, fed a key at a time until none is left (or it dies: the keys it
     did not report are missing from `results`, and their tests say so)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], cwd=root, text=True,
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], cwd=ROOT, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         while True:
@@ -111,5 +111,5 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, ROOT)
     serve()
