@@ -24,9 +24,10 @@ Protocol on one duplex `multiprocessing.Pipe()` (a Unix socketpair), one round:
     3. wait, keeping every exported tensor   <----    frame: msgpack WeightUpdateAck(round, error)
     4. drop the references; CUDA: torch.cuda.ipc_collect()
 
-Lifetime rule: between 1 and 3 the trainer neither frees nor writes what it sent. On CUDA a freed
-block could be handed to another tensor by the caching allocator while the engine still reads it;
-on both paths an in-place write would give the engine a torn mix of two versions.
+Lifetime rule: between 1 and 3 the trainer neither frees nor writes what it sent. On CUDA, torch's
+IPC ref counter keeps a freed block out of the caching allocator ("limbo") until the engine lets go,
+but torch's docs still require the sender to keep the tensor alive, and a trainer that exits takes
+its memory with it; on both paths an in-place write would give the engine a torn mix of two versions.
 Only bytes-sized metadata is encoded (msgpack, never pickle), so the channel carries no code.
 A peer that dies, on either side and at any step, surfaces as WeightTransferError. The messages
 and the engine's checks on them live in weight_protocol.py.
