@@ -95,7 +95,18 @@ class DemoExecutor:
         """One broadcast, then one reply from every worker, in rank order."""
         self.rpc.enqueue(("execute_model", {"step": step, "token_ids": token_ids,
                                             "world_size": self.world_size}), timeout=timeout)
-        return [mq.dequeue(timeout=timeout) for mq in self.replies]
+        return [self._reply(rank, timeout) for rank in range(self.world_size)]
+
+    def _reply(self, rank: int, timeout: float) -> dict:
+        """Worker rank's reply. Its reply queue's own error says "reader 0" (the executor reads
+        every reply queue as reader 0), so a timeout here names the worker and its process."""
+        try:
+            return self.replies[rank].dequeue(timeout=timeout)
+        except TimeoutError as e:
+            code = self.procs[rank].exitcode
+            state = "alive" if code is None else f"dead, exit code {code}"
+            raise TimeoutError(f"worker {rank} sent no reply within {timeout:g} s (its process: "
+                               f"{state}); its reply queue: {e}") from None
 
     def close(self) -> None:
         try:
