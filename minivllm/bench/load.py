@@ -3,6 +3,7 @@
     with LoadMeter() as load:
         rows = experiment()
     print(load.describe(what="the spin vs block ranking"))
+    ax.set_title(load.title("spin vs block"))  # a second line "BUSY ..." when not quiet
 
 The machine's busy CPU time comes from /proc/stat (every core, every process); subtracting the
 CPU the experiment itself used leaves what other programs took. The experiment's CPU is that of
@@ -136,3 +137,12 @@ class LoadMeter:
             return text + "Quiet enough to read the comparison."
         return (text + f"BUSY: do not trust {what}; the processes waited for cores. Rerun when "
                 f"other programs use less than {QUIET_OTHERS_CORES} core.")
+
+    def title(self, text: str, own_cpu_s: float | None = None) -> str:
+        """A plot's title: `text`, marked BUSY on a second line when the run was not quiet."""
+        if self.quiet(own_cpu_s):
+            return text
+        others = self.others_cores(own_cpu_s)
+        load = (f"other programs used {others:.1f} cores" if others is not None
+                else f"load average {self.load_before:.1f}")
+        return f"{text}\nBUSY ({load}): do not trust this comparison"
