@@ -22,7 +22,8 @@ def arrow(ax, a, b, text="", style="-|>", color="black", dy=0.03, ls="-"):
 
 
 def panel(ax, title, memory, handle, open_call, wire):
-    ax.set_xlim(0, 1), ax.set_ylim(0, 1), ax.axis("off")
+    # a margin around the unit square: the boxes' rounded edges (pad 0.02) reach past 0 and 1
+    ax.set_xlim(-0.04, 1.04), ax.set_ylim(-0.03, 1.0), ax.axis("off")
     ax.set_title(title, fontsize=11)
     box(ax, 0.01, 0.60, 0.24, 0.32, "trainer\nprocess\n\nweights, kept\nalive until\nthe ack", "#dbe9f6")
     box(ax, 0.75, 0.60, 0.24, 0.32, "engine\nprocess\n\nmodel weights,\nupdated\nin place", "#e2f0d9")
@@ -31,8 +32,8 @@ def panel(ax, title, memory, handle, open_call, wire):
     arrow(ax, (0.74, 0.66), (0.26, 0.66), "3. ack: done reading", color="#7f6000")
     arrow(ax, (0.13, 0.60), (0.30, 0.25))
     arrow(ax, (0.70, 0.25), (0.87, 0.60))
-    ax.text(0.01, 0.27, handle, ha="left", fontsize=8)  # clear of the arrows above them
-    ax.text(0.99, 0.27, open_call, ha="right", fontsize=8)
+    ax.text(-0.03, 0.27, handle, ha="left", fontsize=8)  # clear of the arrows above them
+    ax.text(1.03, 0.27, open_call, ha="right", fontsize=8)
     ax.text(0.5, 0.44, "2. the engine maps the same bytes\nand copies them into its weights",
             ha="center", fontsize=8, style="italic")
 

@@ -29,39 +29,45 @@ def label(ax, x, y, text, color="black", **kw):
 
 def main() -> None:
     fig, ax = plt.subplots(figsize=(11, 6.2))
-    # the front end process
+    # the front end process: requests leave through the ROUTER, outputs come back through the
+    # PULL to the caller, and the monitor turns a death into an error for every caller
     ax.add_patch(plt.Rectangle((0.1, 0.3), 3.6, 5.4, fc="#f3f7fc", ec="#1f4e9c", lw=1.2))
     label(ax, 1.9, 5.45, "front end process (LLM / AsyncLLM)", weight="bold")
-    box(ax, 0.4, 4.2, 3.0, 0.8, "caller: add_request / get_output\n(blocks on the outputs queue)",
-        "#dbe9f6")
-    box(ax, 0.4, 2.9, 1.4, 0.8, "ROUTER\n(bind)", "#dbe9f6")
-    box(ax, 2.0, 2.9, 1.4, 0.8, "output thread\nPULL (bind)", "#dbe9f6")
-    box(ax, 0.4, 0.6, 3.0, 1.0, "monitor thread: waits on the\nprocess sentinels (or pidfds)",
+    box(ax, 2.0, 4.3, 1.4, 0.8, "output thread\nPULL (bind)", "#dbe9f6")
+    box(ax, 0.4, 2.9, 3.0, 0.9, "caller: add_request / get_output\n(get_output blocks on\n"
+        "the outputs queue)", "#dbe9f6", 8)
+    box(ax, 2.0, 1.75, 1.4, 0.75, "ROUTER\n(bind)", "#dbe9f6")
+    box(ax, 0.4, 0.5, 3.0, 0.9, "monitor thread: waits on the\nprocess sentinels (or pidfds)",
         "#f8d7d7")
+    arrow(ax, 2.7, 4.27, 2.7, 3.83, OUT)
+    ax.text(2.6, 4.05, "outputs queue", ha="right", va="center", fontsize=8, color=OUT)
+    arrow(ax, 2.7, 2.87, 2.7, 2.53, IN)
+    ax.text(2.6, 2.68, "ADD / ABORT", ha="right", va="center", fontsize=8, color=IN)
     # the engine core process
     ax.add_patch(plt.Rectangle((5.0, 0.3), 5.8, 5.4, fc="#fef6ee", ec="#b35900", lw=1.2))
     label(ax, 7.9, 5.45, "engine core process  MINIVLLM::EngineCore_0", weight="bold")
-    box(ax, 5.3, 3.9, 1.7, 1.1, "input thread\nDEALER\nid = rank, 2 B LE", "#fde2c8")
-    box(ax, 8.8, 3.9, 1.7, 1.1, "output thread\nPUSH\n(reused buffer)", "#fde2c8")
-    box(ax, 6.6, 1.9, 2.6, 1.4, "busy loop (main thread)\nblock on input_queue when idle\n"
-        "schedule -> execute ->\naborts -> update_from_output", "#fff3c4")
-    box(ax, 6.6, 0.6, 2.6, 0.8, "executor -> worker (model)", "#e2f0d9")
-    # arrows: requests
-    arrow(ax, 1.1, 3.72, 5.25, 4.4, IN)  # from the ROUTER's top, over the PULL box
-    label(ax, 4.35, 4.5, "[id, type, msgpack, oob...]", IN)
-    arrow(ax, 6.1, 3.85, 6.9, 3.35, IN)
-    label(ax, 5.7, 3.25, "input_queue\n(+aborts_queue)", IN)
-    # outputs
-    arrow(ax, 8.9, 3.35, 9.6, 3.85, OUT)
-    label(ax, 9.85, 3.45, "output_queue", OUT)
-    arrow(ax, 8.75, 3.95, 3.45, 3.3, OUT)  # to the PULL box's right edge
-    label(ax, 4.35, 2.45, "EngineCoreOutputs (token lists)\nor ENGINE_CORE_DEAD", OUT)
-    arrow(ax, 7.9, 1.85, 7.9, 1.45)
+    box(ax, 5.3, 4.1, 1.9, 1.0, "output thread\nPUSH\n(reused buffer)", "#fde2c8")
+    box(ax, 5.3, 1.6, 1.9, 1.0, "input thread\nDEALER\nid = rank, 2 B LE", "#fde2c8")
+    box(ax, 7.9, 2.6, 2.7, 1.4, "busy loop (main thread)\nblock on input_queue when idle\n"
+        "schedule -> execute ->\naborts -> update_from_output", "#fff3c4", 8)
+    box(ax, 7.9, 0.6, 2.7, 0.8, "executor -> worker (model)", "#e2f0d9")
+    # requests: ROUTER -> DEALER -> input_queue -> busy loop
+    arrow(ax, 3.45, 2.12, 5.25, 2.12, IN)
+    label(ax, 4.3, 2.25, "[id, type,\nmsgpack, oob...]", IN)
+    arrow(ax, 7.25, 2.3, 7.85, 2.9, IN)
+    label(ax, 8.05, 1.8, "input_queue\n(+aborts_queue)", IN)
+    # outputs: busy loop -> output_queue -> PUSH -> PULL
+    arrow(ax, 7.85, 3.7, 7.25, 4.4, OUT)
+    label(ax, 8.75, 4.3, "output_queue", OUT)
+    arrow(ax, 5.25, 4.7, 3.45, 4.7, OUT)
+    label(ax, 4.3, 3.45, "EngineCoreOutputs\n(token lists) or\nENGINE_CORE_DEAD", OUT)
+    arrow(ax, 9.25, 2.55, 9.25, 1.45)
     # death
-    arrow(ax, 5.0, 1.1, 3.45, 1.1, DEATH, "--")
-    label(ax, 4.25, 1.25, "exit / kill -9", DEATH)
-    arrow(ax, 1.9, 1.65, 1.9, 4.15, DEATH, "--")
-    label(ax, 1.0, 2.2, "EngineDeadError\nto every caller", DEATH)
+    arrow(ax, 5.0, 0.95, 3.45, 0.95, DEATH, "--")
+    label(ax, 4.25, 1.1, "exit / kill -9", DEATH)
+    arrow(ax, 1.5, 1.45, 1.5, 2.85, DEATH, "--")
+    ax.text(1.4, 2.15, "EngineDeadError\nto every caller", ha="right", va="center", fontsize=8,
+            color=DEATH)
     save_diagram(fig, ax, (0, 11), (0, 5.9), HERE / "07_engine_core.png",
                  "Chapter 07: the engine core in its own process")
 

@@ -30,8 +30,9 @@ def draw_architecture(ax) -> None:
         "\ndetokenize, SSE", "#dbe9f6")
     box(ax, 6.0, 1.6, 2.6, 2.4, "engine core\n\ninput thread\nbusy loop: schedule,\nexecute, "
         "outputs\noutput thread", "#fde2c8")
-    for i, y in enumerate((3.3, 2.2, 1.1)):
-        box(ax, 9.6, y, 1.9, 0.8, f"worker TP{i}\nforward, sample", "#e2f0d9", size=8)
+    for i, y in enumerate((3.3, 2.2, 1.1)):  # every rank runs its shard; only the output rank samples
+        box(ax, 9.6, y, 1.9, 0.8, f"worker TP{i}\nforward (shard)" + ("\nsample, reply" if i == 0 else ""),
+            "#e2f0d9", size=8)
     arrow(ax, 1.75, 3.1, 2.35, 3.1, REQUEST, "HTTP POST")
     arrow(ax, 2.35, 2.4, 1.75, 2.4, OUTPUT, "SSE", dy=-0.3)
     arrow(ax, 5.05, 3.3, 5.95, 3.3, REQUEST, "ROUTER->DEALER")
@@ -42,7 +43,8 @@ def draw_architecture(ax) -> None:
     arrow(ax, 9.55, 3.55, 8.65, 3.55, OUTPUT)
     ax.text(9.1, 3.62, "reply", ha="center", fontsize=8, color=OUTPUT)
     ax.text(6.0, 0.5, "-tp 1: the worker is an object inside the engine core (2 processes); "
-            "-tp N: N worker processes", ha="center", fontsize=8)
+            "-tp N: N worker processes, and only TP0 (the output rank) samples and replies",
+            ha="center", fontsize=8)
     ax.set_xlim(0, 11.7)
     ax.set_ylim(0.2, 4.8)
     ax.axis("off")
