@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from minivllm.engine.config import EngineConfig
@@ -16,6 +17,7 @@ from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
 from minivllm.executor.abstract import Executor
+from minivllm.sampling_params import SamplingParams
 from minivllm.utils import tracing
 
 # The methods a client may call by name with call_utility (vLLM looks any method up with
@@ -40,6 +42,28 @@ def validate_request(config: EngineConfig, request_id: str, prompt_token_ids: np
         raise ValueError(f"request {request_id}: token ids must be in [0, {vocab})")
 
 
+def normalize_sampling_params(params: SamplingParams, vocab: int) -> SamplingParams:
+    """The request's sampling settings in the ranges the step's arrays carry, or ValueError
+    naming the field: a request's data must never fail a step that other requests share.
+    top_k at or above the vocabulary means "no top-k", as vLLM clamps it
+    (vllm/v1/worker/gpu_input_batch.py:407-412); logprobs past the vocabulary and logit_bias
+    ids outside it are refused (vllm/sampling_params.py:923-934, 1075-1091). Stop token ids
+    outside the vocabulary can never be sampled, so they are dropped."""
+    for name in ("logprobs", "prompt_logprobs"):
+        num = getattr(params, name)
+        if num is not None and num > vocab:
+            raise ValueError(f"{name}={num} is more than the vocabulary's {vocab} tokens")
+    bad = sorted(t for t in params.logit_bias or {} if not 0 <= t < vocab)
+    if bad:
+        raise ValueError(f"token id(s) {bad[:5]} in logit_bias are outside the vocabulary "
+                         f"[0, {vocab})")
+    top_k = 0 if params.top_k >= vocab else params.top_k
+    stops = [t for t in params.stop_token_ids if 0 <= t < vocab]
+    if top_k == params.top_k and stops == params.stop_token_ids:
+        return params
+    return msgspec.structs.replace(params, top_k=top_k, stop_token_ids=stops)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -51,6 +75,8 @@ class EngineCore:
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
         validate_request(self.config, request.request_id, request.prompt_token_ids)
+        request.sampling_params = normalize_sampling_params(
+            request.sampling_params, self.config.model_config.vocab_size)
         self.scheduler.add_request(Request.from_engine_core_request(
             request, self.config.model_config.eos_token_id, self.config.block_size))
 

@@ -142,8 +142,9 @@ class EngineCoreProc(EngineCoreIOMixin, EngineCore):
                 return
             try:
                 self.add_request(request)
-            except ValueError as e:
-                self._refuse(request.request_id, request.client_index, str(e))
+            except Exception as e:  # noqa: BLE001 - a request's fault is that request's alone
+                self._refuse(request.request_id, request.client_index,
+                             str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
                 return
             self.client_of[request.request_id] = request.client_index
         elif request_type == RT.ABORT:

@@ -24,8 +24,12 @@ REPLACEMENT_CHAR = "\ufffd"  # what decoding an incomplete UTF-8 sequence gives
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
+        # a stop string counts only if it ends after the text of the first min_tokens tokens
+        # (vllm/v1/engine/detokenizer.py:134-136)
+        self.min_tokens = min_tokens
+        self.min_text_end = 0 if min_tokens == 0 else None
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop or [])
         # characters that may be the start of a stop string: withheld until decided
@@ -42,6 +46,8 @@ class IncrementalDetokenizer:
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
             self.output_text += self._next_text()
+            if self.min_text_end is None and len(self.token_ids) >= self.min_tokens:
+                self.min_text_end = len(self.output_text)
         if finished and self.read_offset < len(self.token_ids):
             self.output_text += self._next_text(flush=True)
         return self._check_stop_strings(len(self.output_text) - start)
@@ -56,10 +62,14 @@ class IncrementalDetokenizer:
         """Cut the text before the stop string that ends earliest in the new text (vLLM's
         rule, so several tokens in one step stop where one token at a time would)."""
         best, best_start, best_end = None, 0, len(self.output_text) + 1
+        if self.min_text_end is None:
+            return None  # fewer than min_tokens tokens so far
         for stop in self.stop if new_chars else ():
             # only where the new text could complete it: at most len(stop) - 1 chars earlier
             idx = self.output_text.find(stop, max(0, len(self.output_text) - new_chars
                                                   - len(stop) + 1))
+            while 0 <= idx and idx + len(stop) <= self.min_text_end:  # ends too early
+                idx = self.output_text.find(stop, idx + 1)
             if idx >= 0 and idx + len(stop) < best_end:
                 best, best_start, best_end = stop, idx, idx + len(stop)
         if best is not None:

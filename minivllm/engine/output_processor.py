@@ -55,7 +55,8 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams) -> None:
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer else None
+        detok = (IncrementalDetokenizer(self.tokenizer, params.stop, min_tokens=params.min_tokens)
+                 if self.tokenizer else None)
         logprobs = None if params.logprobs is None else []
         output = RequestOutput(request_id, prompt, prompt_token_ids,
                                [CompletionOutput(0, "", [], logprobs=logprobs)])

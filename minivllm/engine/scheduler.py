@@ -20,6 +20,7 @@ from minivllm.engine.config import SchedulerConfig
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.sampling_extras import pack_sampling_extras
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
@@ -121,13 +122,14 @@ class Scheduler:
         computed = np.array([r.num_computed_tokens for r, _ in scheduled], np.int32)
         num_new = np.array([n for _, n in scheduled], np.int32)
         tokens = [r.all_token_ids[c:c + n] for (r, n), c in zip(scheduled, computed.tolist())]
+        sample_rows = np.array([c + n == r.num_tokens for (r, n), c in zip(scheduled, computed)],
+                               bool)
         out = SchedulerOutput(
             req_ids=[r.request_id for r, _ in scheduled],
             num_scheduled_tokens=num_new, num_computed_tokens=computed,
             input_token_ids=np.fromiter((t for ts in tokens for t in ts), np.int32, int(num_new.sum())),
             block_tables=block_tables,
-            sample_rows=np.array([c + n == r.num_tokens for (r, n), c in zip(scheduled, computed)],
-                                 bool),
+            sample_rows=sample_rows,
             temperature=np.array([p.temperature for p in params], np.float32),
             top_p=np.array([p.top_p for p in params], np.float32),
             top_k=np.array([max(p.top_k, 0) for p in params], np.int32),
@@ -135,7 +137,8 @@ class Scheduler:
             num_output_tokens=np.array([r.num_output_tokens for r, _ in scheduled], np.int32),
             finished_req_ids=self.finished_req_ids,
             num_logprobs=np.array([-1 if p.logprobs is None else p.logprobs for p in params],
-                                  np.int32))
+                                  np.int32),
+            sampling_extras=pack_sampling_extras([r for r, _ in scheduled], sample_rows))
         self.finished_req_ids = []
         return out
 

@@ -15,6 +15,27 @@ import msgspec
 import numpy as np
 
 
+class SamplingExtras(msgspec.Struct, array_like=True, gc=False):
+    """Penalties, logit_bias and min_tokens of the sampling rows that use any of them; absent
+    when none does. Each ragged list is flat with offsets (R + 1,). The worker keeps no token
+    history, so a penalised row brings its prompt and output ids every step (vLLM keeps them in
+    the worker's InputBatch, vllm/v1/worker/gpu_input_batch.py)."""
+
+    rows: np.ndarray  # int32 (R,): the step's rows these apply to
+    presence_penalty: np.ndarray  # float32 (R,)
+    frequency_penalty: np.ndarray  # float32 (R,)
+    repetition_penalty: np.ndarray  # float32 (R,)
+    prompt_ids: np.ndarray  # int32, the prompts of rows with a penalty (else empty)
+    prompt_offsets: np.ndarray  # int64 (R + 1,)
+    output_ids: np.ndarray  # int32, the outputs so far of rows with a penalty (else empty)
+    output_offsets: np.ndarray  # int64 (R + 1,)
+    bias_ids: np.ndarray  # int32, logit_bias's tokens
+    bias_values: np.ndarray  # float32, what each adds
+    bias_offsets: np.ndarray  # int64 (R + 1,)
+    banned_ids: np.ndarray  # int32: stop tokens of rows short of min_tokens
+    banned_offsets: np.ndarray  # int64 (R + 1,)
+
+
 class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_ids: list[str]
     num_scheduled_tokens: np.ndarray  # int32 (B,): query tokens of each row this step
@@ -29,6 +50,7 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     num_output_tokens: np.ndarray  # int32 (B,): how many tokens the row has sampled so far
     finished_req_ids: list[str] = []  # finished since the last step (for stateful workers)
     num_logprobs: np.ndarray | None = None  # int32 (B,): top logprobs wanted, -1: none
+    sampling_extras: SamplingExtras | None = None
 
 
 class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

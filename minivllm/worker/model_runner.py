@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SamplingExtras, SchedulerOutput
 from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
+from minivllm.model.penalties import apply_sampling_extras
 from minivllm.model.sampler import compute_logprobs, sample
 from minivllm.utils import tracing
 
@@ -65,12 +66,24 @@ class ModelRunner:
                 return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
             orig = order[rows]
             with tracing.span("sample"):
-                tokens = sample(logits, *(torch.from_numpy(a[orig]) for a in (
+                tokens = sample(self._processed(logits, so.sampling_extras, orig), *(
+                    torch.from_numpy(a[orig]) for a in (
                     so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
             sampled[orig] = tokens.numpy()
             if so.num_logprobs is not None and (so.num_logprobs[orig] >= 0).any():
                 return self._with_logprobs(so, logits, tokens, orig, sampled)
         return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
+
+    @staticmethod
+    def _processed(logits: torch.Tensor, extras: SamplingExtras | None,
+                   orig: np.ndarray) -> torch.Tensor:
+        """The logits to sample from: with penalties, logit_bias and min_tokens applied to a
+        copy, so that logprobs still come from the raw logits (vLLM's "raw_logprobs")."""
+        if extras is None:
+            return logits
+        processed = logits.clone()
+        apply_sampling_extras(processed, extras, {int(r): j for j, r in enumerate(orig)})
+        return processed
 
     @staticmethod
     def _with_logprobs(so: SchedulerOutput, logits: torch.Tensor, tokens: torch.Tensor,

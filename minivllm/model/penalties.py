@@ -1,0 +1,58 @@
+"""The logits processors that change which token wins, before sampling: min_tokens, logit_bias,
+then the repetition, frequency and presence penalties, in vLLM's order
+(vllm/v1/sample/sampler.py:87-97, apply_logits_processors at :436-470).
+
+- min_tokens: the stop tokens get -inf until the request has that many outputs
+  (vllm/v1/sample/logits_processor/builtin.py:279-288).
+- logit_bias: added to the named tokens' logits (builtin.py:159-162).
+- repetition: a token seen in the prompt or the output has a positive logit divided by the
+  penalty and a negative one multiplied by it (vllm/_custom_ops.py:383-396).
+- frequency and presence: minus the penalty times the token's count in the output, and minus
+  the penalty once if it is there at all (vllm/model_executor/layers/utils.py:76-80).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minivllm.engine.scheduler_output import SamplingExtras
+
+
+def _spans(offsets: np.ndarray) -> list[slice]:
+    return [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _in_vocab(ids: np.ndarray, vocab: int) -> torch.Tensor:
+    return torch.from_numpy(ids[(ids >= 0) & (ids < vocab)].astype(np.int64))
+
+
+def _penalise(row: torch.Tensor, prompt: torch.Tensor, output: torch.Tensor,
+              presence: float, frequency: float, repetition: float) -> None:
+    vocab = row.numel()
+    counts = torch.bincount(output, minlength=vocab)[:vocab].to(row.dtype)
+    if repetition != 1.0:
+        seen = counts > 0
+        seen[prompt] = True
+        scale = torch.where(row > 0, 1.0 / repetition, repetition)
+        row.copy_(torch.where(seen, row * scale, row))
+    row -= frequency * counts + presence * (counts > 0).to(row.dtype)
+
+
+def apply_sampling_extras(logits: torch.Tensor, extras: SamplingExtras,
+                          row_of_step_row: dict[int, int]) -> None:
+    """In place on logits (n, V) whose row row_of_step_row[r] samples the step's row r."""
+    vocab = logits.shape[1]
+    e = extras
+    for i, (step_row, banned, bias, prompt, output) in enumerate(zip(
+            e.rows.tolist(), _spans(e.banned_offsets), _spans(e.bias_offsets),
+            _spans(e.prompt_offsets), _spans(e.output_offsets))):
+        row = logits[row_of_step_row[step_row]]
+        row[_in_vocab(e.banned_ids[banned], vocab)] = float("-inf")
+        ids = e.bias_ids[bias]
+        keep = (ids >= 0) & (ids < vocab)
+        row[torch.from_numpy(ids[keep].astype(np.int64))] += torch.from_numpy(e.bias_values[bias][keep])
+        if e.repetition_penalty[i] != 1 or e.frequency_penalty[i] or e.presence_penalty[i]:
+            _penalise(row, _in_vocab(e.prompt_ids[prompt], vocab),
+                      _in_vocab(e.output_ids[output], vocab), float(e.presence_penalty[i]),
+                      float(e.frequency_penalty[i]), float(e.repetition_penalty[i]))
