@@ -1,10 +1,10 @@
 """`make book`: the handbook as a static website in _build/book/.
 
 Lays out _build/book_src/ from the repository (the README's reading order as the front page, the
-executed chapters, the figures, the exercises' statements with how to grade them) and builds it
-with Sphinx; a warning (a broken reference, a missing image, an unknown directive) fails the
-build. Chapters come from _build/executed/ (book/executed.py): the test suite's runs when they are
-newer than the chapter, otherwise executed here in quick mode.
+executed chapters, the glossary, the figures, the exercises' statements with how to grade them)
+and builds it with Sphinx; a warning (a broken reference, a missing image, an unknown directive)
+fails the build. Chapters come from _build/executed/ (book/executed.py): the test suite's runs
+when they are newer than the chapter, otherwise executed here in quick mode.
 
     .venv/bin/python book/build.py [--no-execute]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 
 from executed import ROOT, chapters, execute, executed_path, is_fresh, save_executed
-from pages import BookError, chapter_page, exercise_page, exercises, front_page
+from pages import GLOSSARY, BookError, chapter_page, exercise_page, exercises, front_page
 
 SOURCE_DIR = ROOT / "_build" / "book_src"
 SITE_DIR = ROOT / "_build" / "book"
@@ -58,6 +58,7 @@ def lay_out(paths: list[Path]) -> None:
     for chapter in paths:
         nb = chapter_page(nbformat.read(executed_path(chapter), 4))
         nbformat.write(nb, SOURCE_DIR / "chapters" / chapter.name)
+    shutil.copy(GLOSSARY, SOURCE_DIR / "chapters" / GLOSSARY.name)
     for folder in exercises():
         target = SOURCE_DIR / "practice" / folder.name / "README.md"
         target.parent.mkdir(parents=True)

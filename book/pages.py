@@ -21,6 +21,9 @@ class BookError(RuntimeError):
     """A build that cannot go on; the message says what to do."""
 
 
+GLOSSARY = ROOT / "chapters" / "glossary.md"  # a plain MyST page, shown beside the chapters
+
+
 def exercises() -> list[Path]:
     return sorted(p.parent for p in ROOT.glob("practice/[0-9][0-9][0-9]_*/README.md"))
 
@@ -71,6 +74,7 @@ def front_page(chapters: list[Path]) -> str:
              link_reading_order(readme_section(readme, "Reading order"), stems),
              readme_section(readme, "Practice and the judge"),
              toctree("Chapters", [f"chapters/{p.stem}" for p in chapters]),
+             toctree("Reference", ["chapters/glossary"]),
              toctree("Practice", [f"practice/{p.name}/README" for p in exercises()])]
     return "\n".join(parts)
 
