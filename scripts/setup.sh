@@ -15,13 +15,8 @@ PY=${PYTHON:-python3}
 # a C compiler the model runs their torch versions, so this step may fail.
 .venv/bin/python -m minivllm.model.op_selection >/dev/null \
   || echo "note: the C ops did not build; the model will use its torch ops" >&2
-# tests/test_book.py opens the book in Debian's headless Chromium; install it where we can (root
-# with apt-get), quietly. Elsewhere that test skips and says why.
+# No system package is installed here: Debian's chromium, for the book's browser test, is
+# `make book-deps` (scripts/install_chromium.sh), which `make test` runs and which says so first.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
-      >/dev/null 2>&1 || echo "note: chromium did not install; tests/test_book.py will skip" >&2
-  else
-    echo "note: no chromium and chromedriver; tests/test_book.py will skip (install Debian's chromium and chromium-driver)" >&2
-  fi
+  echo "note: no chromium and chromedriver: tests/test_book.py will skip; \`make book-deps\` installs them (apt-get, as root)" >&2
 fi

@@ -38,8 +38,8 @@ TABLE_RULE = re.compile(r"^\|[-:| ]+\|\s*$", re.M)  # the |---|---| line of a ma
 
 pytestmark = [
     pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                       reason="no headless browser: install Debian's chromium and chromium-driver "
-                              "(scripts/setup.sh does so as root with apt-get)"),
+                       reason="no headless browser: `make book-deps` installs Debian's chromium and chromium-driver "
+                              "(apt-get, as root)"),
     pytest.mark.timeout(BUILD_TIMEOUT_S + 300),  # the build runs in the first test's setup
 ]
 
