@@ -1,6 +1,7 @@
-"""The DP flags resolved as vLLM 0.33.0 resolves them (engine/dp_nodes.py, in this process: no
-engine starts): --nnodes over DP x TP, the three launch modes, -dpa's default, and the
-errors that name what works. The modes' runs across namespace hosts: test_dp_modes_netns.py."""
+"""The DP flags resolved as vLLM 0.33.0 resolves them, through EngineConfig (engine/dp_nodes.py,
+in this process: no engine starts): --nnodes over DP x TP, the three launch modes, -dpa's
+default, and the errors that name what works. Every flag combination against vLLM's outcome:
+test_dp_flags_conformance.py; the modes' runs across namespace hosts: test_dp_modes_netns.py."""
 
 from __future__ import annotations
 
@@ -50,16 +51,19 @@ def test_hybrid_with_one_local_engine_becomes_external(tiny_dir):
     assert list(c.client_engine_ranks) == [1]
 
 
-@pytest.mark.parametrize("flags, rank", [
-    (["-dpe", "--nnodes", "2", "--node-rank", "1"], 1),  # the rank from the node rank
-    (["-dpn", "1"], 1),  # a rank given is external load balancing
-    (["-dpe", "-dpn", "0"], 0),
-])
-def test_external_load_balancing_runs_one_engine_per_api_server(tiny_dir, flags, rank):
-    args = serve.make_parser().parse_args([tiny_dir, "-dp", "2", *flags])
-    c = serve.engine_config(args)
-    assert c.data_parallel_external_lb and list(c.client_engine_ranks) == [rank]
-    assert serve.api_server_count(args, c) == 1
+@pytest.mark.parametrize("flags", [["-dpe", "--nnodes", "2", "--node-rank", "1"], ["-dpn", "1"],
+                                   ["-dpe", "-dpn", "0"]])
+def test_explicit_external_load_balancing_is_for_moe_models_only(tiny_dir, flags):
+    with pytest.raises(ValueError, match="Non-MoE models do not support external"):
+        config(tiny_dir, "-dp", "2", *flags)
+
+
+def test_replace_resolves_the_flags_as_given_again(tiny_dir):
+    c = config(tiny_dir, "-dp", "4", "--nnodes", "2", "--node-rank", "0")
+    again = c.replace(max_num_seqs=8)  # start rank 0 and -dpl 2, resolved: still internal
+    assert not again.local_engines_only and again.data_parallel_size_local == 2
+    ext = config(tiny_dir, "-dp", "2", "-dpl", "1", "-dpr", "1").replace(max_num_seqs=8)
+    assert ext.data_parallel_external_lb and list(ext.client_engine_ranks) == [1]
 
 
 def test_headless_with_dpr_stays_internal(tiny_dir):
@@ -70,16 +74,14 @@ def test_headless_with_dpr_stays_internal(tiny_dir):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(data_parallel_size=2, data_parallel_hybrid_lb=True, data_parallel_external_lb=True),
      "cannot be enabled together"),
-    (dict(data_parallel_size=2, data_parallel_external_lb=True), "needs this front end's DP"),
-    (dict(data_parallel_size=2, data_parallel_rank=0, data_parallel_size_local=2),
-     "runs one engine"),
-    (dict(data_parallel_size=2, data_parallel_rank=2), r"in 0..1"),
-    (dict(data_parallel_size=4, data_parallel_hybrid_lb=True), "needs data_parallel_size_local"),
+    (dict(data_parallel_size=1, data_parallel_external_lb=True), "requires a data-parallel rank"),
+    (dict(data_parallel_size=4, data_parallel_hybrid_lb=True),
+     "requires --data-parallel-size-local"),
     (dict(data_parallel_size=3, nnodes=2), "evenly divide the total world size 3"),
-    (dict(data_parallel_size=4, nnodes=3, data_parallel_external_lb=True),
-     "evenly divide"),
+    (dict(data_parallel_size=4, nnodes=3), "evenly divide"),
     (dict(data_parallel_size=2, nnodes=6, tensor_parallel_size=3), "whole DP replicas"),
     (dict(distributed_timeout_seconds=0), "must be positive"),
+    (dict(cpu_distributed_timeout_seconds=-1), "must be positive"),
 ])
 def test_bad_launch_modes_say_what_works(tiny_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -87,5 +89,11 @@ def test_bad_launch_modes_say_what_works(tiny_dir, kwargs, message):
 
 
 def test_headless_refuses_hybrid(tiny_dir):
-    with pytest.raises(SystemExit, match="does not go with hybrid or external"):
-        serve.main([tiny_dir, "--headless", "-dp", "2", "-dpe", "-dpn", "1"])
+    with pytest.raises(SystemExit, match="not applicable in headless mode"):
+        serve.main([tiny_dir, "--headless", "-dp", "2", "-dph", "-dpl", "1"])
+
+
+def test_the_group_timeout_takes_the_cpu_flag_when_the_other_is_unset(tiny_dir):
+    assert config(tiny_dir, "--cpu-distributed-timeout-seconds", "7").collective_timeout_s == 7
+    assert config(tiny_dir, "--cpu_distributed_timeout_seconds=7",
+                  "--distributed-timeout-seconds", "9").collective_timeout_s == 9

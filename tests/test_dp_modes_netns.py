@@ -7,8 +7,9 @@ launch modes (engine/dp_nodes.py), each through the official openai client:
   host 1 turns /health into 503: its engine core sees the worker die and reports itself
   dead over tcp.
 - hybrid load balancing (-dpl 2 -dpr S, no --headless): API servers on both hosts, each in
-  front of its own two engines; external (-dpe, the rank from --node-rank): one engine per
-  API server. Both hosts serve streams; a kill -9 of an engine on host 1 takes host 1's API
+  front of its own two engines; external (-dpl 1 -dpr R: hybrid with one local engine, which
+  vLLM turns into external mode for any model, while -dpe/-dpn are for MoE models only): one
+  engine per API server. Both hosts serve streams; a kill -9 of an engine on host 1 takes host 1's API
   server down (503) while host 0 keeps serving: the nodes share nothing.
 """
 
@@ -55,8 +56,8 @@ def test_nnodes_2_over_dp2_x_tp2_serves_64_streams_and_a_remote_rank_kill_9_give
 MODES = {  # host i's flags
     "hybrid": lambda c, i: ["-dp", "4", "-dpl", "2", "-dpr", str(2 * i),
                             "--api-server-count", "1"],
-    "external": lambda c, i: ["-dp", "2", "-dpe", "--nnodes", "2", "--node-rank", str(i),
-                              "--master-addr", c.addresses[0]],
+    "external": lambda c, i: ["-dp", "2", "-dpl", "1", "-dpr", str(i), "--nnodes", "2",
+                              "--node-rank", str(i), "--master-addr", c.addresses[0]],
 }
 
 

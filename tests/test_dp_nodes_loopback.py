@@ -109,9 +109,12 @@ def test_a_headless_dp_node_without_its_leader_exits_clean_on_sigterm(tiny_dir):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(data_parallel_size=2, data_parallel_size_local=3), r"in 1..data_parallel_size \(2\)"),
+    (dict(data_parallel_size=2, data_parallel_size_local=3),
+     r"data_parallel_size_local \(3\) must be <= data_parallel_size \(2\)"),
     (dict(data_parallel_size=2, data_parallel_size_local=1, data_parallel_start_rank=2),
-     r"use a start rank in 0..1"),
+     r"data_parallel_rank \(2\) must be in the range \[0, 2\)"),
+    (dict(data_parallel_size=2, data_parallel_size_local=2, data_parallel_start_rank=1,
+          headless=True), r"use a start rank in 0..0"),
     (dict(data_parallel_size=2, data_parallel_rpc_port=0), "must be a TCP port"),
     (dict(data_parallel_size=2, tensor_parallel_size=3, nnodes=3), "whole DP replicas"),
 ])
@@ -124,7 +127,7 @@ def test_bad_dp_node_flags_say_what_works(tiny_dir, kwargs, message):
     (["-dp", "2", "--nnodes", "2", "--node-rank", "1"], "add --headless"),
     (["--headless", "-dp", "2"], "a headless node runs the TP workers"),
     (["--headless", "-dp", "2", "-dpl", "1", "-dpr", "1", "--api-server-count", "2"],
-     "runs no API server"),
+     "cannot be used with --headless"),
 ])
 def test_serve_refuses_misplaced_dp_nodes(tiny_dir, flags, message):
     """In this process: serve checks the flags before it starts or binds anything."""

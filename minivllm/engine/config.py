@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minivllm.engine.dp_nodes import resolve_dp_layout
+from minivllm.engine.dp_nodes import DP_FLAGS, resolve_dp_layout
 from minivllm.model.config import (ModelConfig, check_quantization, check_tensor_parallel_size,
                                    kv_bytes_per_token, load_config)
 from minivllm.model.paths import default_model_path
@@ -78,26 +78,33 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501  # vLLM's default
-    # The process group's rendezvous and collectives give up after this (vLLM's
-    # --distributed-timeout-seconds, ParallelConfig.distributed_timeout_seconds): also the
-    # window in which every node must join a multi-node group. None: 60 s here (vLLM: torch's
-    # default, 10 min for NCCL, 30 min for gloo)
+    # minivllm's one process group (gloo) meets and runs its collectives within this many
+    # seconds; also the window in which every node must join a multi-node group. vLLM has two
+    # flags: --distributed-timeout-seconds for the world group and the device groups
+    # (config/parallel.py:364-368, v1/worker/gpu_worker.py:1709-1711, on CPU gloo groups too:
+    # distributed/parallel_state.py:500-507) and --cpu-distributed-timeout-seconds for its gloo
+    # cpu_groups (config/parallel.py:370-372, parallel_state.py:362, 485, 511-513). minivllm's
+    # group plays both parts: distributed_timeout_seconds if set, else the cpu one, else 60 s
+    # (vLLM's default is torch's: 10 min for NCCL, 30 min for gloo)
     distributed_timeout_seconds: int | None = None
-    # Data-parallel engine cores on several nodes (vLLM: vllm/engine/arg_utils.py (EngineArgs)).
-    # This node runs DP ranks start_rank .. start_rank + size_local - 1; the leader (start rank
-    # 0) also runs the front end, whose handshake ROUTER listens at address:rpc_port, where the
-    # other nodes' engines (`minivllm serve --headless`) say HELLO over tcp. With nnodes > 1
-    # and data_parallel_size > 1, nnodes spans the whole DP x TP deployment and size_local
-    # and start_rank follow from node_rank, as in vLLM (dp_nodes.py).
-    data_parallel_size_local: int | None = None  # None: every engine on this node
-    data_parallel_start_rank: int | None = None  # None: 0, or from node_rank
+    cpu_distributed_timeout_seconds: int | None = None
+    # Data-parallel engine cores on several nodes, vLLM's flags resolved as vLLM resolves them
+    # (dp_nodes.py). This node runs DP ranks start_rank .. start_rank + size_local - 1; with
+    # internal load balancing the front end on DP rank 0's node listens at address:rpc_port
+    # for the HELLO of the other nodes' engines (`minivllm serve --headless`), over tcp.
+    data_parallel_size_local: int | None = None  # None: -dp, or from nnodes and node_rank
+    data_parallel_start_rank: int | None = None  # vLLM's -dpr; resolved: this node's first rank
     data_parallel_address: str | None = None  # None: master_addr (vLLM's default too)
     data_parallel_rpc_port: int = 29550  # vLLM's default
-    # How requests reach the engines (dp_nodes.py): internal (one front end on the leader for
-    # every engine), hybrid (a front end on every node, for its own engines) or external
-    # (one engine per front end, balanced by something outside)
+    data_parallel_backend: str = "mp"  # vLLM's -dpb; "ray" (engines as Ray actors) is refused
+    # How requests reach the engines (dp_nodes.py): internal (one front end on DP rank 0's
+    # node for every engine), hybrid (a front end on every node, for its own engines) or
+    # external (one engine per front end, balanced by something outside)
     data_parallel_hybrid_lb: bool = False
     data_parallel_external_lb: bool = False
+    # serve starts no API server here (--headless or --api-server-count 0): -dpr then does
+    # not mean hybrid load balancing (vLLM's create_engine_config(headless=True))
+    headless: bool = False
     data_parallel_rank: int | None = None  # vLLM's -dpn: this front end's one engine (external)
     model_config: ModelConfig = field(init=False)
 
@@ -198,22 +205,16 @@ class EngineConfig:
             raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}")
 
     def _check_dp_nodes(self) -> None:
-        dp = self.data_parallel_size
-        resolve_dp_layout(self)
-        local, start = self.data_parallel_size_local, self.data_parallel_start_rank
-        if not 1 <= local <= dp:
-            raise ValueError(f"data_parallel_size_local must be in 1..data_parallel_size "
-                             f"({dp}), got {local}")
-        if start < 0 or start + local > dp:
-            raise ValueError(f"data_parallel_start_rank {start} + data_parallel_size_local "
-                             f"{local} exceeds data_parallel_size {dp}: this node's ranks must "
-                             f"lie in 0..{dp - 1}; use a start rank in 0..{dp - local}")
+        # the flags that resolve to other values, as given: replace() resolves them again
+        self._as_given = {name: getattr(self, name)
+                          for name in (*DP_FLAGS, "distributed_executor_backend")}
+        resolve_dp_layout(self, is_moe=getattr(self.model_config, "is_moe", False))
         if not 0 < self.data_parallel_rpc_port < 65536:
             raise ValueError("data_parallel_rpc_port must be a TCP port (1-65535), got "
                              f"{self.data_parallel_rpc_port}")
-        if self.distributed_timeout_seconds is not None and self.distributed_timeout_seconds <= 0:
-            raise ValueError("distributed_timeout_seconds must be positive, got "
-                             f"{self.distributed_timeout_seconds}")
+        for name in ("distributed_timeout_seconds", "cpu_distributed_timeout_seconds"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def data_parallel_multinode(self) -> bool:
@@ -251,7 +252,8 @@ class EngineConfig:
 
     @property
     def collective_timeout_s(self) -> float:
-        return float(self.distributed_timeout_seconds or DEFAULT_DISTRIBUTED_TIMEOUT_S)
+        return float(self.distributed_timeout_seconds or self.cpu_distributed_timeout_seconds
+                     or DEFAULT_DISTRIBUTED_TIMEOUT_S)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -271,5 +273,6 @@ class EngineConfig:
 
     def replace(self, **changes: object) -> "EngineConfig":
         kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        kwargs.update(self._as_given)
         kwargs.update(changes)
         return EngineConfig(**kwargs)

@@ -1,12 +1,43 @@
-"""`minivllm serve`'s multi-node flags (vLLM's names: ParallelConfig in
-vllm/config/parallel.py, EngineArgs.add_cli_args in vllm/engine/arg_utils.py:1176-1295) and
-the launch-mode choices made from them before a config exists (vLLM makes them in
-ServeSubcommand.cmd, vllm/entrypoints/cli/serve.py:79-129)."""
+"""`minivllm serve`'s multi-node and data-parallel flags, with vLLM 0.33.0's spellings and short
+forms (EngineArgs.add_cli_args, vllm/engine/arg_utils.py:1175-1300; --headless and -asc:
+vllm/entrypoints/common/cli_args.py:444-457), and vLLM's parser rule that `--a_b` means
+`--a-b` (FlexibleArgumentParser, vllm/utils/argparse_utils.py:157, 375-394). What the flags
+resolve to is decided in one place, minivllm/engine/dp_nodes.py."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+from minivllm.engine.dp_nodes import NodeLayout, node_layout, resolve_dp_layout, serve_api_servers
+
+# the flags (argparse's names) that resolve_dp_layout reads, besides headless
+LAYOUT_FLAGS = ("data_parallel_size", "tensor_parallel_size", "nnodes", "node_rank",
+                "master_addr", "data_parallel_size_local", "data_parallel_start_rank",
+                "data_parallel_rank", "data_parallel_hybrid_lb", "data_parallel_external_lb",
+                "data_parallel_address", "data_parallel_backend")
+
+
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes `--data_parallel_size_local` for
+    `--data-parallel-size-local`: underscores in a long flag's name (before any `=`) become
+    dashes, as in vLLM."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None:
+            args = [dashed(a) for a in args]
+        return super().parse_known_args(args, namespace)
+
+
+def dashed(arg: str) -> str:
+    """`--a_b=c_d` -> `--a-b=c_d`; values and short flags unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    head, dot, rest = name.partition(".")
+    return head.replace("_", "-") + dot + rest + eq + value
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:
@@ -24,44 +55,55 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-timeout-seconds", type=int, default=None, metavar="S",
                    help="the process group gives up a rendezvous or collective after S "
                         "seconds (default 60): every node must join within it")
+    g.add_argument("--cpu-distributed-timeout-seconds", type=int, default=None, metavar="S",
+                   help="vLLM's timeout for its gloo (CPU) groups; minivllm's group is gloo, "
+                        "so it takes S when --distributed-timeout-seconds is not given")
     g.add_argument("--headless", action="store_true",
-                   help="no API server: run this node's TP workers (nodes 1..nnodes-1) or "
-                        "DP engines (--data-parallel-start-rank S >= 1); exits when the "
-                        "leader goes away, or on SIGTERM")
+                   help="no API server (as --api-server-count 0): run this node's TP workers "
+                        "(nodes 1..nnodes-1) or DP engines for the front end on DP rank 0's "
+                        "node; exits when the leader goes away, or on SIGTERM")
     d = p.add_argument_group("data-parallel engines on several nodes (vLLM's flags)")
     d.add_argument("-dpl", "--data-parallel-size-local", type=int, default=None,
-                   help="DP engines on this node (default: all of -dp, or from --node-rank)")
+                   help="DP engines on this node (default: -dp; with --nnodes, this node's "
+                        "share of DP x TP)")
     d.add_argument("-dpr", "--data-parallel-start-rank", type=int, default=None,
-                   help="the first DP rank on this node; without --headless: hybrid load "
-                        "balancing, API servers on this node for its own engines")
+                   help="the first DP rank on this node; read only when -dpl is given or "
+                        "--nnodes infers it (else ignored: ranks from 0). Without --headless: "
+                        "hybrid load balancing (with -dpl 1: external)")
     d.add_argument("-dpn", "--data-parallel-rank", type=int, default=None,
-                   help="this API server's one DP engine (external load balancing)")
+                   help="this API server's one DP engine: external load balancing, for MoE "
+                        "models only as in vLLM (minivllm's are dense: use -dpl 1 -dpr R)")
     d.add_argument("-dph", "--data-parallel-hybrid-lb", action="store_true",
-                   help="API servers on every node, each node's in front of its engines")
+                   help="API servers on every node, each node's in front of its engines "
+                        "(needs -dpl)")
     d.add_argument("-dpe", "--data-parallel-external-lb", action="store_true",
-                   help="one engine per API server; a load balancer outside spreads requests")
+                   help="one engine per API server, a load balancer outside spreading requests; "
+                        "as -dpn: MoE models and -dp > 1 only (dense: -dpl 1 -dpr R)")
+    d.add_argument("-dpm", "--data-parallel-multi-port-external-lb", action="store_true",
+                   help="vLLM's supervisor of one external-LB API server per local rank: "
+                        "minivllm refuses it (run one serve -dpl 1 -dpr R per rank)")
     d.add_argument("-dpa", "--data-parallel-address", default=None,
                    help="the leader's address, as every node reaches it (default: "
                         "--master-addr)")
     d.add_argument("-dpp", "--data-parallel-rpc-port", type=int, default=None,
                    help="the leader's handshake port (default 29550)")
+    d.add_argument("-dpb", "--data-parallel-backend", default="mp",
+                   help="how DP engines start: mp (processes; the only one minivllm has) or "
+                        "ray (vLLM's engines as Ray actors: refused)")
 
 
-def hybrid_lb(args: argparse.Namespace) -> bool:
-    """-dpr without --headless is hybrid load balancing, as in vLLM (ServeSubcommand.cmd,
-    vllm/entrypoints/cli/serve.py:87-97, and vllm/engine/arg_utils.py:2489-2491)."""
-    external = args.data_parallel_external_lb or args.data_parallel_rank is not None
-    return args.data_parallel_hybrid_lb or (
-        args.data_parallel_start_rank is not None and not args.headless and not external)
+def api_server_count(args: argparse.Namespace, config: Any = None) -> int:
+    """The API servers serve runs (0: headless), as vLLM decides it from the flags alone
+    (dp_nodes.serve_api_servers); `config` is not needed and kept for old callers."""
+    return serve_api_servers(args)
 
 
-def api_server_count(args: argparse.Namespace, config: Any) -> int:
-    """--api-server-count, or vLLM's default: 1 for external load balancing, the local
-    engines for hybrid, the DP size otherwise (vllm/entrypoints/cli/serve.py:107-129)."""
-    if args.api_server_count is not None:
-        return args.api_server_count
-    if config.data_parallel_external_lb:
-        return 1
-    if config.data_parallel_hybrid_lb:
-        return config.data_parallel_size_local
-    return config.data_parallel_size
+def resolve_node(args: argparse.Namespace, is_moe: bool = False) -> NodeLayout:
+    """What `minivllm serve` runs on this node for these flags, by serve's own steps
+    (serve_api_servers, resolve_dp_layout, node_layout) and without reading a model: a dense
+    model unless is_moe. Raises ValueError where serve refuses."""
+    count = serve_api_servers(args)
+    c = SimpleNamespace(**{name: getattr(args, name) for name in LAYOUT_FLAGS},
+                        headless=count < 1)
+    resolve_dp_layout(c, is_moe=is_moe)
+    return node_layout(c, count)

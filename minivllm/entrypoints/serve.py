@@ -40,7 +40,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.config import KV_CACHE_DTYPES  # torch-free, as --help wants
-from minivllm.entrypoints.node_flags import add_node_flags, api_server_count, hybrid_lb
+from minivllm.engine.dp_nodes import node_layout, serve_api_servers
+from minivllm.entrypoints.node_flags import (  # api_server_count: serve's, re-exported
+    FlexibleArgumentParser, add_node_flags, api_server_count)  # noqa: F401
 from minivllm.utils import tracing
 from minivllm.utils.byte_sizes import parse_bytes
 from minivllm.utils.process_count import serve_process_count
@@ -56,7 +58,7 @@ STOP_POLL_S = 0.2  # how often an API server process checks for its launcher's s
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minivllm serve", description=__doc__.splitlines()[0])
+    p = FlexibleArgumentParser(prog="minivllm serve", description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None,
                    help="a .gguf file or a Hugging Face directory (default: the bundled "
                         "SmolLM2-135M-Instruct)")
@@ -66,9 +68,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
-    p.add_argument("--api-server-count", type=int, default=None,
-                   help="API server processes sharing the port (default: the DP size; hybrid "
-                        "load balancing: -dpl; external: 1)")
+    p.add_argument("-asc", "--api-server-count", type=int, default=None,
+                   help="API server processes sharing the port; 0: headless (default: -dp; "
+                        "hybrid load balancing: -dpl as given, else 1; external: 1)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -109,8 +111,9 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def engine_config(args: argparse.Namespace) -> Any:
-    """EngineConfig from the flags; a flag left unset keeps the config's default."""
+def engine_config(args: argparse.Namespace, headless: bool | None = None) -> Any:
+    """EngineConfig from the flags; a flag left unset keeps the config's default. headless:
+    serve starts no API server here (default: from the flags, dp_nodes.serve_api_servers)."""
     from minivllm.engine.config import EngineConfig
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     kwargs: dict[str, Any] = {"model": args.model, "dtype": args.dtype,
@@ -126,6 +129,8 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("master_addr", args.master_addr),
                         ("master_port", args.master_port),
                         ("distributed_timeout_seconds", args.distributed_timeout_seconds),
+                        ("cpu_distributed_timeout_seconds",
+                         args.cpu_distributed_timeout_seconds),
                         ("tensor_parallel_size", args.tensor_parallel_size),
                         ("distributed_executor_backend", args.distributed_executor_backend),
                         ("ray_address", args.ray_address),
@@ -135,8 +140,11 @@ def engine_config(args: argparse.Namespace) -> Any:
                         ("data_parallel_address", args.data_parallel_address),
                         ("data_parallel_rpc_port", args.data_parallel_rpc_port),
                         ("data_parallel_rank", args.data_parallel_rank),
-                        ("data_parallel_hybrid_lb", hybrid_lb(args) or None),
-                        ("data_parallel_external_lb", args.data_parallel_external_lb or None)):
+                        ("data_parallel_backend", args.data_parallel_backend),
+                        ("data_parallel_hybrid_lb", args.data_parallel_hybrid_lb or None),
+                        ("data_parallel_external_lb", args.data_parallel_external_lb or None),
+                        ("headless", (serve_api_servers(args) < 1 if headless is None
+                                      else headless) or None)):
         if value is None or (value == 1 and name.endswith("parallel_size")):
             continue
         if name not in fields:
@@ -280,32 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     from minivllm.entrypoints.openai.api_server import create_server_socket
 
     args = make_parser().parse_args(argv)
-    try:
-        config = engine_config(args)  # a bad path or flag: one line, before anything starts
-        if args.headless:
-            if args.api_server_count not in (None, 1):
-                raise ValueError("--api-server-count does not go with --headless: a headless "
-                                 "node runs no API server")
-            if config.local_engines_only:
-                raise ValueError("--headless runs engines for a front end elsewhere: it does "
-                                 "not go with hybrid or external load balancing")
-            if config.nnodes_within_dp > 1:
+    try:  # a bad path or flag: one line, before anything starts
+        count = serve_api_servers(args)  # 0: headless (--headless or --api-server-count 0)
+        config = engine_config(args, headless=count < 1)
+        layout = node_layout(config, count)
+        if count < 1:
+            if layout.tp_workers_only:
                 from minivllm.executor.multinode import run_headless
                 return run_headless(config)
+            if config.local_engines_only:  # only MoE models get here; minivllm has none
+                raise ValueError("a headless external-LB engine needs vLLM's DP coordinator, "
+                                 "which minivllm does not have")
             from minivllm.engine.headless import run_headless_engines
             return run_headless_engines(config)
-        if config.node_rank_within_dp != 0 or (config.data_parallel_start_rank != 0
-                                               and not config.local_engines_only):
-            raise ValueError(f"--node-rank {config.node_rank} (DP start rank "
-                             f"{config.data_parallel_start_rank}) is not the leader: add "
-                             "--headless (with internal load balancing the API server runs "
-                             "on node 0, DP rank 0, only), or give -dpl and -dpr for hybrid "
-                             "load balancing")
+        if config.node_rank_within_dp != 0:
+            raise ValueError(f"--node-rank {config.node_rank} runs TP workers of a replica "
+                             "led elsewhere: add --headless")
     except (OSError, ValueError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
-    count = api_server_count(args, config)
-    if count < 1:
-        raise SystemExit("minivllm serve: --api-server-count must be at least 1")
     # Until uvicorn (or the launcher's wait) takes over the signals, SIGTERM unwinds like
     # Ctrl-C, so a server stopped while it starts still shuts its engine down.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
