@@ -6,12 +6,20 @@ judge, and show what the tests let through.
     python scripts/mutation_score.py 102 121 --jobs 2 --json out.json --report-dir notes/
     python scripts/mutation_score.py --json again.json --first-from out.json   the same sweep
         again, each mutant's killer from out.json graded first; prints every verdict that changed
+    python scripts/mutation_score.py 431 --only listed 5e0c1a2b   the listed mutants and one more
+        (a partial sweep: no score)
 
-Per exercise: mutants made, killed (by a failing test; "by timeout" when a test hung or the
-mutant ran past --time-limit), the equivalent ones listed in requirements.md (not graded),
-survivors, score = killed / (made - equivalent), and each survivor's id, line and diff. Each
-mutant is one `judge.py NNN --file MUTANT` in its own session (fail-fast: the judge stops at the
-first failing test). Ids and the `## Equivalent mutants` format: minivllm/judge/mutants.py.
+Every mutant is graded, the listed ones too. Per exercise: mutants made; those listed in
+requirements.md that survive, as **equivalent** (no input or timing a README-following caller can
+produce tells them apart) and **message text** (only the wording of an error the README leaves
+open differs), counted apart; killed (by a failing test; "by timeout" when a test hung or the
+mutant ran past --time-limit); survivors (every other mutant the judge passes); score = killed /
+(made - equivalent - message text); each survivor's id, line and diff. A listed mutant the judge
+kills, or one no longer made, is a STALE entry: the list outlived its reason. The exit status is
+1 when any exercise has a survivor, a stale entry or a judge error. Each mutant is one
+`judge.py NNN --file MUTANT` in its own session (fail-fast: the judge stops at the first failing
+test). Ids, the two list headings and `# pragma: no mutate block` for the starter's given code:
+minivllm/judge/mutants.py.
 
 Tool: mutmut 3.8.1's operators (libcst), each mutation applied alone to the solution's text.
 Measured against cosmic-ray 8.7.0 (library: mutate_code per operator occurrence) on 102/121/211:
@@ -59,7 +67,8 @@ def judge(ex: exercise.Exercise, path: Path, limit: float, first: str | None = N
 
 def _judge(ex: exercise.Exercise, path: Path, limit: float, out: Path, first: str | None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # ours first, then the caller's
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        MINIVLLM_JUDGE_PROGRESS=str(out.parent / "progress.json"))  # a mutant is not your answer
     start = time.monotonic()
     with _lock:  # no judge starts once main() is stopping them (Ctrl-C, SIGTERM)
         if _stopping.is_set():
@@ -124,22 +133,26 @@ def grade_mutant(ex: exercise.Exercise, mutant: mutants.Mutant, limit: float,
 
 
 def score_exercise(ex: exercise.Exercise, jobs: int, time_limit: float | None,
-                   earlier: dict | None = None) -> dict:
-    """`earlier`: this exercise's result from an earlier sweep; each mutant's killer runs first."""
+                   earlier: dict | None = None, only: list[str] | None = None) -> dict:
+    """`earlier`: this exercise's result from an earlier sweep; each mutant's killer runs first.
+    `only`: grade just these ids ("listed": the listed ones)."""
     killers = {i: r.get("failed") for i, r in (earlier or {}).get("mutants", {}).items()}
-    listed = mutants.equivalent_mutants(ex.folder / "requirements.md")
+    listed = mutants.listed_mutants(ex.folder / "requirements.md")
     made = mutants.make_mutants(ex.solution.read_text(), f"solutions/{ex.solution.name}")
     ids = {m.id for m in made}
     result = {"exercise": ex.number, "title": ex.title, "made": len(made),
-              "equivalent": {i: why for i, why in listed.items() if i in ids},
-              "stale_equivalent": sorted(set(listed) - ids), "mutants": {}}
+              "listed": {i: list(entry) for i, entry in listed.items() if i in ids},
+              "not_made": sorted(set(listed) - ids), "mutants": {}}
     baseline = judge(ex, ex.solution, 600.0)
     if baseline["verdict"] != "survived":
         result["error"] = f"the reference solution does not pass: {baseline['test']}"
         return result
     limit = time_limit or 3 * baseline["seconds"] + 60
     result["time_limit_s"] = round(limit, 1)
-    todo = [m for m in made if m.id not in listed]
+    todo = made  # the listed ones too: a list must not outlive its reason
+    if only:
+        todo = [m for m in made if m.id in only or ("listed" in only and m.id in listed)]
+        result["partial"] = len(todo)
     start = time.monotonic()
     pool = ThreadPoolExecutor(jobs)
     try:
@@ -149,22 +162,42 @@ def score_exercise(ex: exercise.Exercise, jobs: int, time_limit: float | None,
                 result["mutants"][m.id] = {**res, "line": m.line, "function": m.function,
                                            "diff": m.diff}
                 bar.update()
-                bar.set_postfix(survived=sum(r["verdict"] == "survived"
-                                             for r in result["mutants"].values()))
+                bar.set_postfix(survived=len(survivors(result)), stale=len(stale(result)))
     finally:  # Ctrl-C: grade no more (main() stops the judges still running)
         pool.shutdown(wait=False, cancel_futures=True)
     result["wall_s"] = round(time.monotonic() - start, 1)
     return result
 
 
+def survivors(result: dict) -> list[str]:
+    """Unlisted mutants the judge passes."""
+    return [i for i, r in result["mutants"].items()
+            if r["verdict"] == "survived" and i not in result["listed"]]
+
+
+def stale(result: dict) -> list[str]:
+    """Listed mutants the judge kills (or cannot grade), and listed ids no longer made."""
+    return [i for i, r in result["mutants"].items()
+            if i in result["listed"] and r["verdict"] != "survived"] + result["not_made"]
+
+
+def held(result: dict, category: str) -> list[str]:
+    """Listed mutants of `category` that survive, as their entry says."""
+    return [i for i, (kind, _) in result["listed"].items() if kind == category
+            and result["mutants"].get(i, {}).get("verdict") == "survived"]
+
+
 def summary(result: dict) -> dict:
-    verdicts = [r["verdict"] for r in result["mutants"].values()]
+    verdicts = [r["verdict"] for i, r in result["mutants"].items()]
     killed = verdicts.count("killed") + verdicts.count("timeout")
-    graded = result["made"] - len(result["equivalent"])
+    equivalent, message = len(held(result, "equivalent")), len(held(result, "message text"))
+    graded = result["made"] - equivalent - message
     seconds = [r["seconds"] for r in result["mutants"].values()]
-    return {"killed": killed, "timeouts": verdicts.count("timeout"),
-            "survived": verdicts.count("survived"), "errors": verdicts.count("error"),
-            "score": round(killed / graded, 3) if graded else None,
+    return {"made": result["made"], "equivalent": equivalent, "message_text": message,
+            "killed": killed, "timeouts": verdicts.count("timeout"),
+            "survived": len(survivors(result)), "stale": len(stale(result)),
+            "errors": verdicts.count("error"),
+            "score": round(killed / graded, 3) if graded and "partial" not in result else None,
             "s_per_mutant": round(sum(seconds) / len(seconds), 2) if seconds else None}
 
 
@@ -172,40 +205,50 @@ def format_result(result: dict) -> str:
     if "error" in result:
         return f"{result['exercise']} {result['title']}: {result['error']}"
     s = summary(result)
-    graded = result["made"] - len(result["equivalent"])
+    graded = s["made"] - s["equivalent"] - s["message_text"]
     score = "n/a" if s["score"] is None else f"{s['score']:.3f}"
-    lines = [f"{result['exercise']} {result['title']}: {result['made']} mutants, {s['killed']} "
-             f"killed ({s['timeouts']} by timeout), {len(result['equivalent'])} equivalent, "
-             f"{s['survived']} survived, {s['errors']} judge errors; score {s['killed']}/{graded}"
-             f" = {score}; {s['s_per_mutant']} s per mutant, {result['wall_s']} s in all "
-             f"(time limit {result['time_limit_s']} s a mutant)"]
-    for mid, why in result["equivalent"].items():
-        lines.append(f"  equivalent {mid}: {why}")
-    for mid in result["stale_equivalent"]:
-        lines.append(f"  STALE: {mid} is listed under '{mutants.EQUIVALENT_HEADING}' in "
-                     f"requirements.md but no longer made from the solution")
+    lines = [f"{result['exercise']} {result['title']}: {s['made']} mutants, {s['equivalent']} "
+             f"equivalent, {s['message_text']} message text, {s['killed']} killed "
+             f"({s['timeouts']} by timeout), {s['survived']} survived, {s['stale']} stale "
+             f"entries, {s['errors']} judge errors; score {s['killed']}/{graded} = {score}; "
+             f"{s['s_per_mutant']} s per mutant, {result['wall_s']} s in all "
+             f"(time limit {result['time_limit_s']} s a mutant)"
+             + (f"; PARTIAL: {result['partial']} graded" if "partial" in result else "")]
+    for category in ("equivalent", "message text"):
+        for mid in held(result, category):
+            lines.append(f"  {category} {mid}: {result['listed'][mid][1]}")
+    for mid in stale(result):
+        r = result["mutants"].get(mid)
+        if r is None:
+            lines.append(f"  STALE: {mid} is listed in requirements.md but no longer made from "
+                         f"the solution")
+        else:
+            kind, why = result["listed"][mid]
+            lines += [f"\nSTALE: {mid} (line {r['line']}) is listed as {kind} ({why}), but the "
+                      f"judge {r['verdict']} it: {r['test']}", r["diff"]]
     for mid, r in result["mutants"].items():
         if r["verdict"] == "timeout":
             lines.append(f"  killed by timeout {mid} (line {r['line']}): {r['test']}")
         elif r["verdict"] == "error":
             lines.append(f"  JUDGE ERROR {mid} (line {r['line']}): {r['test']}")
-    for mid, r in result["mutants"].items():
-        if r["verdict"] == "survived":
-            where = f" in {r['function']}" if r["function"] else ""
-            lines += [f"\nSURVIVOR {mid}  line {r['line']}{where}", r["diff"]]
+    for mid in survivors(result):
+        r = result["mutants"][mid]
+        where = f" in {r['function']}" if r["function"] else ""
+        lines += [f"\nSURVIVOR {mid}  line {r['line']}{where}", r["diff"]]
     return "\n".join(lines)
 
 
 def format_summary(results: list[dict]) -> str:
-    rows = [f"{'ex':<4} {'made':>5} {'equiv':>5} {'killed':>6} {'timeout':>7} {'surv':>5} "
-            f"{'score':>6} {'s/mutant':>8} {'wall s':>7}"]
+    rows = [f"{'ex':<4} {'made':>5} {'equiv':>5} {'message':>7} {'killed':>6} {'timeout':>7} "
+            f"{'surv':>5} {'stale':>5} {'score':>6} {'s/mutant':>8} {'wall s':>7}"]
     for r in results:
         if "error" in r:
             rows.append(f"{r['exercise']:<4} {r['error']}")
             continue
         s = summary(r)
-        rows.append(f"{r['exercise']:<4} {r['made']:>5} {len(r['equivalent']):>5} "
-                    f"{s['killed']:>6} {s['timeouts']:>7} {s['survived']:>5} "
+        rows.append(f"{r['exercise']:<4} {s['made']:>5} {s['equivalent']:>5} "
+                    f"{s['message_text']:>7} {s['killed']:>6} {s['timeouts']:>7} "
+                    f"{s['survived']:>5} {s['stale']:>5} "
                     f"{s['score'] if s['score'] is not None else 'n/a':>6} "
                     f"{s['s_per_mutant']:>8} {r['wall_s']:>7}")
     return "\n".join(rows)
@@ -258,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-from", metavar="FILE",
                         help="an earlier run's --json: grade each mutant's killer first, and "
                              "print every verdict that differs from that run's")
+    parser.add_argument("--only", nargs="+", metavar="ID",
+                        help="grade only these mutant ids ('listed': every listed one); no score")
     parser.add_argument("--report-dir", metavar="DIR",
                         help="write NNN.txt per exercise as it finishes, and SUMMARY.txt")
     args = parser.parse_args(argv)
@@ -271,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for ex in exercises:
             results.append(score_exercise(ex, args.jobs, args.time_limit,
-                                          earlier.get(ex.number)))
+                                          earlier.get(ex.number), args.only))
             text = format_result(results[-1])
             print(text + "\n", flush=True)
             write_reports(args, results, text)
@@ -285,7 +330,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.first_from:
             print(compare(earlier, results))
         print(left_behind(), flush=True)
-    return 0
+    return 0 if all(passed(r) for r in results) else 1
+
+
+def passed(result: dict) -> bool:
+    """No survivor, no stale entry, no judge error, and the solution itself passes."""
+    if "error" in result:
+        return False
+    s = summary(result)
+    return not (s["survived"] or s["stale"] or s["errors"])
 
 
 def write_reports(args, results: list[dict], text: str) -> None:

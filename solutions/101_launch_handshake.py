@@ -9,24 +9,24 @@ import time
 from typing import Any, Callable
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(RuntimeError):  # pragma: no mutate block
     """The worker failed or died before it reported ready."""
 
 
-def setup_ok(value: int) -> int:
+def setup_ok(value: int) -> int:  # pragma: no mutate block
     return value * 2
 
 
-def setup_fails() -> None:
+def setup_fails() -> None:  # pragma: no mutate block
     raise RuntimeError("boom: no model file at /models/missing.gguf")
 
 
-def setup_slow(seconds: float) -> str:
+def setup_slow(seconds: float) -> str:  # pragma: no mutate block
     time.sleep(seconds)
     return "late"
 
 
-def setup_dies() -> None:
+def setup_dies() -> None:  # pragma: no mutate block
     os._exit(3)
 
 

@@ -14,12 +14,12 @@ EXT_OOB = 2  # payload: msgpack [dtype, shape, frame index]
 KINDS = "biufc"  # bool, ints, floats, complex: dtypes whose raw bytes mean the same elsewhere
 
 
-class DecodeError(ValueError):
+class DecodeError(ValueError):  # pragma: no mutate block
     """The frames are not a valid message: the only error TensorDecoder.decode raises."""
 
 
 class TensorEncoder:
-    def __init__(self, threshold: int = THRESHOLD):
+    def __init__(self, threshold: int = THRESHOLD):  # pragma: no mutate block
         self.threshold = threshold
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._frames: list = []
@@ -45,7 +45,7 @@ class TensorEncoder:
 
 
 class TensorDecoder:
-    def __init__(self):
+    def __init__(self):  # pragma: no mutate block
         self._decoder = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
         self._frames: list = []
 

@@ -16,13 +16,13 @@ import msgspec
 
 
 # --- the scheduler's view of a request this step (the judge's scheduler fills these) ------
-class SamplingParams(msgspec.Struct, frozen=True):
+class SamplingParams(msgspec.Struct, frozen=True):  # pragma: no mutate block
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 16
 
 
-class ScheduledRequest(msgspec.Struct):
+class ScheduledRequest(msgspec.Struct):  # pragma: no mutate block
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -34,7 +34,7 @@ class ScheduledRequest(msgspec.Struct):
 
 
 # --- the wire ----------------------------------------------------------------------------
-class NewRequestData(msgspec.Struct):
+class NewRequestData(msgspec.Struct):  # pragma: no mutate block
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -42,7 +42,7 @@ class NewRequestData(msgspec.Struct):
     num_computed_tokens: int
 
 
-class CachedRequestData(msgspec.Struct):
+class CachedRequestData(msgspec.Struct):  # pragma: no mutate block
     req_ids: list[str] = []
     resumed_req_ids: set[str] = set()  # their new_block_ids replace the block table
     new_token_ids: list[list[int]] = []  # output tokens the workers have not seen yet
@@ -50,7 +50,7 @@ class CachedRequestData(msgspec.Struct):
     num_computed_tokens: list[int] = []
 
 
-class SchedulerOutput(msgspec.Struct):
+class SchedulerOutput(msgspec.Struct):  # pragma: no mutate block
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]
@@ -109,7 +109,7 @@ class DeltaEncoder:
 
 # --- the worker side ------------------------------------------------------------------------
 @dataclass
-class CachedRequestState:
+class CachedRequestState:  # pragma: no mutate block
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -121,7 +121,7 @@ class CachedRequestState:
 class WorkerState:
     """The worker's cached request table, kept in step with the scheduler by its outputs."""
 
-    def __init__(self):
+    def __init__(self):  # pragma: no mutate block
         self.requests: dict[str, CachedRequestState] = {}
 
     def update(self, out: SchedulerOutput) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 
-class WeightMismatchError(ValueError):
+class WeightMismatchError(ValueError):  # pragma: no mutate block
     """The update does not fit the engine's weights; nothing was changed."""
 
 

@@ -15,13 +15,13 @@ ACK = b"ack"
 
 
 # --- given: the low-level pieces -------------------------------------------------------------
-def fd_of(tensor: torch.Tensor) -> int:
+def fd_of(tensor: torch.Tensor) -> int:  # pragma: no mutate block
     """The descriptor of a shared tensor's storage (owned by the storage: do not close it)."""
     fd, _ = tensor.untyped_storage()._share_fd_cpu_()
     return fd
 
 
-class _Fd:
+class _Fd:  # pragma: no mutate block
     def __init__(self, fd):
         self.fd = fd
 
@@ -29,23 +29,23 @@ class _Fd:
         return self.fd
 
 
-def map_fd(fd: int, nbytes: int) -> torch.UntypedStorage:
+def map_fd(fd: int, nbytes: int) -> torch.UntypedStorage:  # pragma: no mutate block
     """Map a received descriptor as a storage of nbytes; closes the descriptor."""
     return rebuild_storage_fd(torch.UntypedStorage, _Fd(fd), nbytes)
 
 
-def send_fds(conn, fds: list[int]) -> None:
+def send_fds(conn, fds: list[int]) -> None:  # pragma: no mutate block
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         socket.send_fds(sock, [b"F"], fds)
 
 
-def recv_fds(conn, n: int) -> list[int]:
+def recv_fds(conn, n: int) -> list[int]:  # pragma: no mutate block
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         _, fds, _, _ = socket.recv_fds(sock, 1, n)
     return fds
 
 
-def serve_engine(conn, shapes: dict[str, list[int]], copy_delay_s: float) -> None:
+def serve_engine(conn, shapes: dict[str, list[int]], copy_delay_s: float) -> None:  # pragma: no mutate block
     """The engine process of the judge's tests: apply rounds, report the sum of each weight."""
     import time
     target = {name: torch.zeros(shape) for name, shape in shapes.items()}

