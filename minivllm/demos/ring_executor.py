@@ -106,7 +106,8 @@ class DemoExecutor:
             code = self.procs[rank].exitcode
             state = "alive" if code is None else f"dead, exit code {code}"
             raise TimeoutError(f"worker {rank} sent no reply within {timeout:g} s (its process: "
-                               f"{state}); its reply queue: {e}") from None
+                               f"{state}); its reply queue, which the executor reads as "
+                               f"reader 0, says: {e}") from None
 
     def close(self) -> None:
         try:
