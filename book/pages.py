@@ -64,13 +64,15 @@ def toctree(caption: str, docs: list[str]) -> str:
 
 
 def front_page(chapters: list[Path]) -> str:
-    """README's title and opening, its reading order (linked) and how the judge grades."""
+    """README's title and opening, where to start, its reading order (linked) and how the judge
+    grades."""
     readme = (ROOT / "README.md").read_text()
     opening = readme.split("\n## ", 1)[0].rstrip() + "\n"
     stems = {p.stem for p in chapters}
     parts = [opening,
              "The pages show each chapter with the outputs of one run in quick mode (each page "
              "names the machine); `make chapters` opens them in Jupyter to run on yours.\n",
+             readme_section(readme, "Start here"),
              link_reading_order(readme_section(readme, "Reading order"), stems),
              readme_section(readme, "Practice and the judge"),
              toctree("Chapters", [f"chapters/{p.stem}" for p in chapters]),
