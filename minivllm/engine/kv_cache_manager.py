@@ -61,8 +61,8 @@ class KVCacheManager:
     def get_computed_blocks(self, request: "Request") -> list[int]:
         """The longest cached prefix of full blocks. At least one token is left to compute,
         because the step must produce the logits of the last one."""
-        if not self.enable_caching:
-            return []
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every position run (vllm/sampling_params.py:625-632)
         hits = []
         for block_hash in request.block_hashes[:(request.num_tokens - 1) // self.block_size]:
             block_id = self.cached_blocks.get(block_hash)

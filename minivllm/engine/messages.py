@@ -123,6 +123,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # the new token's logprobs when asked for: (token ids, logprobs, rank), the sampled token
     # first, then the top ones (vLLM: new_logprobs, a LogprobsLists, vllm/v1/engine/__init__.py)
     new_logprobs: tuple[list[int], list[float], int] | None = None
+    # prompt positions scored in this step's chunk: per position the next prompt token and the
+    # top ones, their logprobs, and the prompt token's rank (vLLM: new_prompt_logprobs_tensors)
+    new_prompt_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
 
     @property
     def finished(self) -> bool:

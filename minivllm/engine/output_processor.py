@@ -38,6 +38,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then per token its
+    # (token ids, logprobs, rank), the prompt token first
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -59,7 +62,8 @@ class OutputProcessor:
                  if self.tokenizer else None)
         logprobs = None if params.logprobs is None else []
         output = RequestOutput(request_id, prompt, prompt_token_ids,
-                               [CompletionOutput(0, "", [], logprobs=logprobs)])
+                               [CompletionOutput(0, "", [], logprobs=logprobs)],
+                               prompt_logprobs=None if params.prompt_logprobs is None else [None])
         self.request_states[request_id] = RequestState(output, detok, params)
 
     def has_unfinished_requests(self) -> bool:
@@ -76,6 +80,8 @@ class OutputProcessor:
             completion.token_ids.extend(new_ids)
             if out.new_logprobs is not None and completion.logprobs is not None:
                 completion.logprobs.append(out.new_logprobs)
+            if out.new_prompt_logprobs is not None and state.output.prompt_logprobs is not None:
+                state.output.prompt_logprobs.extend(zip(*out.new_prompt_logprobs))
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if out.error is not None:  # FinishReason.ERROR or a shutdown's ABORT: say why
                 stop_reason = out.error

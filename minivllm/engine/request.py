@@ -40,6 +40,7 @@ class Request:
         self.num_cached_tokens: int | None = None  # prefix-cache hits at first admission
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
+        self.num_prompt_logprobs_done = 0  # prompt positions whose logprobs went out
         self.block_size = block_size
         self.block_hashes: list[bytes] = []  # chained hash of every full block of tokens
         self._update_block_hashes()

@@ -1,6 +1,6 @@
-"""Pack the penalties, logit_bias and min_tokens of a step's sampling rows for the workers.
-
-Only rows that sample and use one of them are packed, so a step of plain requests sends
+"""Pack for the workers what a few rows of a step need beyond tokens and temperature: the
+penalties, logit_bias and min_tokens of sampling rows, and which prompt positions to score for
+prompt logprobs. Only rows that use one of them are packed, so a step of plain requests sends
 nothing extra. In vLLM the worker's InputBatch holds the same per-request state
 (vllm/v1/worker/gpu_input_batch.py:413-422) and the logits processors keep theirs
 (vllm/v1/sample/logits_processor/builtin.py).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from minivllm.engine.request import Request
-from minivllm.engine.scheduler_output import SamplingExtras
+from minivllm.engine.scheduler_output import PromptLogprobsWanted, SamplingExtras
 
 
 def _needs_extras(request: Request) -> bool:
@@ -63,3 +63,31 @@ def pack_sampling_extras(requests: list[Request], sample_rows: np.ndarray) -> Sa
         output_ids=output_ids, output_offsets=output_offsets,
         bias_ids=bias_ids, bias_values=bias_values, bias_offsets=bias_offsets,
         banned_ids=banned_ids, banned_offsets=banned_offsets)
+
+
+def prompt_positions_to_score(request: Request, computed: int, num_new: int) -> range:
+    """Positions of this chunk whose logits predict a prompt token (position p predicts token
+    p + 1), less those already sent (a preempted request runs its prompt again)."""
+    if request.sampling_params.prompt_logprobs is None:
+        return range(0)
+    start = max(computed, request.num_prompt_logprobs_done)
+    return range(start, max(start, min(computed + num_new, request.num_prompt_tokens - 1)))
+
+
+def pack_prompt_logprobs_wanted(scheduled: list[tuple[Request, int]],
+                                computed: list[int]) -> PromptLogprobsWanted | None:
+    rows, spans = [], []
+    for i, ((request, num_new), c) in enumerate(zip(scheduled, computed)):
+        span = prompt_positions_to_score(request, c, num_new)
+        if span:
+            rows.append(i)
+            spans.append((request, c, span))
+    if not rows:
+        return None
+    targets, offsets = _ragged([r.all_token_ids[s.start + 1:s.stop + 1] for r, _, s in spans],
+                               np.int32)
+    return PromptLogprobsWanted(
+        rows=np.array(rows, np.int32),
+        num=np.array([r.sampling_params.prompt_logprobs for r, _, _ in spans], np.int32),
+        first=np.array([s.start - c for _, c, s in spans], np.int32),
+        targets=targets, offsets=offsets)

@@ -20,7 +20,7 @@ from minivllm.engine.config import SchedulerConfig
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.request import Request, RequestStatus
-from minivllm.engine.sampling_extras import pack_sampling_extras
+from minivllm.engine.sampling_extras import pack_prompt_logprobs_wanted, pack_sampling_extras
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
@@ -138,7 +138,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             num_logprobs=np.array([-1 if p.logprobs is None else p.logprobs for p in params],
                                   np.int32),
-            sampling_extras=pack_sampling_extras([r for r, _ in scheduled], sample_rows))
+            sampling_extras=pack_sampling_extras([r for r, _ in scheduled], sample_rows),
+            prompt_logprobs=pack_prompt_logprobs_wanted(scheduled, computed.tolist()))
         self.finished_req_ids = []
         return out
 
@@ -146,10 +147,16 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs = []
         ro = runner_output
+        prompt_lps = self._prompt_logprobs(scheduler_output, ro)
         for row, (req_id, token) in enumerate(zip(ro.req_ids, ro.sampled_token_ids.tolist())):
             request = self.requests.get(req_id)
-            if token < 0 or request is None or request.is_finished:
-                continue  # a prompt chunk that does not sample yet, or aborted during the step
+            if request is None or request.is_finished:
+                continue  # aborted during the step
+            if token < 0:  # a prompt chunk that does not sample yet
+                if req_id in prompt_lps:
+                    outputs.append(EngineCoreOutput(req_id, [],
+                                                    new_prompt_logprobs=prompt_lps[req_id]))
+                continue
             request.append_output_token(token)
             stopped = request.check_stop(self.config.max_model_len)
             num = request.sampling_params.logprobs
@@ -158,7 +165,8 @@ class Scheduler:
                 int(ro.sampled_token_ranks[row]))
             outputs.append(EngineCoreOutput(
                 req_id, [token], request.status.finish_reason,
-                request.stop_reason, request.num_cached_tokens or 0, new_logprobs=logprobs))
+                request.stop_reason, request.num_cached_tokens or 0, new_logprobs=logprobs,
+                new_prompt_logprobs=prompt_lps.get(req_id)))
             if stopped:
                 self._free_request(request)
         if any(r.is_finished for r in self.running):
@@ -166,6 +174,22 @@ class Scheduler:
         finished = [o.request_id for o in outputs if o.finished]
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
                                  timestamp=time.monotonic())
+
+    def _prompt_logprobs(self, so: SchedulerOutput, ro: ModelRunnerOutput) -> dict[str, tuple]:
+        """request id -> (token ids, logprobs, ranks) of the prompt positions scored this step."""
+        wanted, got = so.prompt_logprobs, ro.prompt_logprobs
+        if wanted is None or got is None:
+            return {}
+        out = {}
+        for i, row in enumerate(wanted.rows.tolist()):
+            a, b, num = int(wanted.offsets[i]), int(wanted.offsets[i + 1]), int(wanted.num[i])
+            request = self.requests.get(so.req_ids[row])
+            if request is not None:
+                request.num_prompt_logprobs_done += b - a
+                out[request.request_id] = (got.token_ids[a:b, :1 + num].tolist(),
+                                           got.logprobs[a:b, :1 + num].tolist(),
+                                           got.ranks[a:b].tolist())
+        return out
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """Abort (or stop from outside, e.g. on a stop string): free the blocks at once."""

@@ -36,6 +36,28 @@ class SamplingExtras(msgspec.Struct, array_like=True, gc=False):
     banned_offsets: np.ndarray  # int64 (R + 1,)
 
 
+class PromptLogprobsWanted(msgspec.Struct, array_like=True, gc=False):
+    """Rows of prompt chunks whose positions must score the next prompt token (echo with
+    logprobs). A row's positions first .. first + count - 1 of its chunk predict targets;
+    targets are flat, row after row. vLLM computes these during the prefill too
+    (GPUModelRunner._get_prompt_logprobs_dict, vllm/v1/worker/gpu_model_runner.py)."""
+
+    rows: np.ndarray  # int32 (R,)
+    num: np.ndarray  # int32 (R,): top logprobs wanted besides the prompt token's own
+    first: np.ndarray  # int32 (R,): the first scored position within the row's chunk
+    targets: np.ndarray  # int32: the prompt token after each scored position
+    offsets: np.ndarray  # int64 (R + 1,) into targets
+
+
+class PromptLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """The scored positions of PromptLogprobsWanted, in its order: per position the prompt
+    token then the top K (K the most any row asked for), and the prompt token's rank."""
+
+    token_ids: np.ndarray  # int32 (N, 1 + K)
+    logprobs: np.ndarray  # float32 (N, 1 + K)
+    ranks: np.ndarray  # int32 (N,)
+
+
 class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_ids: list[str]
     num_scheduled_tokens: np.ndarray  # int32 (B,): query tokens of each row this step
@@ -51,6 +73,7 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     finished_req_ids: list[str] = []  # finished since the last step (for stateful workers)
     num_logprobs: np.ndarray | None = None  # int32 (B,): top logprobs wanted, -1: none
     sampling_extras: SamplingExtras | None = None
+    prompt_logprobs: PromptLogprobsWanted | None = None
 
 
 class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -61,3 +84,4 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     logprob_token_ids: np.ndarray | None = None  # int32 (B, 1 + K)
     logprobs: np.ndarray | None = None  # float32 (B, 1 + K)
     sampled_token_ranks: np.ndarray | None = None  # int32 (B,)
+    prompt_logprobs: PromptLogprobs | None = None  # for SchedulerOutput.prompt_logprobs

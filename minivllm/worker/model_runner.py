@@ -12,13 +12,16 @@ import numpy as np
 import torch
 
 from minivllm.engine.config import EngineConfig
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SamplingExtras, SchedulerOutput
+from minivllm.engine.scheduler_output import (
+    ModelRunnerOutput, PromptLogprobs, PromptLogprobsWanted, SamplingExtras, SchedulerOutput)
 from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
 from minivllm.model.penalties import apply_sampling_extras
 from minivllm.model.sampler import compute_logprobs, sample
 from minivllm.utils import tracing
+
+PROMPT_LOGPROBS_ROWS = 128  # positions scored at once: 128 x 49,152 float32 logits = 25 MB
 
 
 class ModelRunner:
@@ -56,6 +59,8 @@ class ModelRunner:
             hidden = self.model.forward(
                 torch.from_numpy(so.input_token_ids[token_idx].astype(np.int64)),
                 torch.from_numpy(positions), self.kv_caches, meta)
+        prompt_lps = (None if so.prompt_logprobs is None else
+                      self._prompt_logprobs(so.prompt_logprobs, hidden, new_starts, order))
         rows = np.flatnonzero(so.sample_rows[order])
         sampled = np.full(num_rows, -1, np.int32)
         if rows.size:
@@ -71,8 +76,33 @@ class ModelRunner:
                     so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
             sampled[orig] = tokens.numpy()
             if so.num_logprobs is not None and (so.num_logprobs[orig] >= 0).any():
-                return self._with_logprobs(so, logits, tokens, orig, sampled)
-        return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
+                out = self._with_logprobs(so, logits, tokens, orig, sampled)
+                out.prompt_logprobs = prompt_lps
+                return out
+        return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled,
+                                 prompt_logprobs=prompt_lps)
+
+    def _prompt_logprobs(self, wanted: PromptLogprobsWanted, hidden: torch.Tensor,
+                         new_starts: np.ndarray, order: np.ndarray) -> PromptLogprobs | None:
+        """Score the wanted prompt positions PROMPT_LOGPROBS_ROWS at a time, so the logits and
+        their log-softmax never hold more than that many rows of the vocabulary; None on a
+        tensor-parallel rank that is not the output rank (which still joins every gather)."""
+        place = np.argsort(order)  # the step's row -> its row in the reordered batch
+        k = int(wanted.num.max())
+        parts, output_rank = [], True
+        for i, row in enumerate(wanted.rows.tolist()):
+            first = int(new_starts[place[row]]) + int(wanted.first[i])
+            targets = wanted.targets[wanted.offsets[i]:wanted.offsets[i + 1]]
+            for a in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+                chunk = targets[a:a + PROMPT_LOGPROBS_ROWS]
+                logits = self.model.compute_logits(hidden[first + a:first + a + len(chunk)])
+                output_rank = logits is not None
+                if output_rank:
+                    parts.append(compute_logprobs(logits, torch.from_numpy(chunk), k))
+        if not output_rank:
+            return None
+        ids, lps, ranks = (torch.cat(t).numpy() for t in zip(*parts))
+        return PromptLogprobs(ids.astype(np.int32), lps.astype(np.float32), ranks.astype(np.int32))
 
     @staticmethod
     def _processed(logits: torch.Tensor, extras: SamplingExtras | None,

@@ -72,8 +72,10 @@ class Worker:
     @torch.inference_mode()
     def prompt_logprobs(self, token_ids: list[int], num: int) -> list | None:
         """Each prompt token's (ids, logprobs, rank) given the tokens before it, None for the
-        first, from one pass over the prompt (on the output rank; None on the others): what
-        echo with logprobs shows (vLLM computes these during the prefill instead)."""
+        first, from one unchunked pass over the prompt (on the output rank; None on the
+        others). Requests get theirs chunk by chunk during the prefill
+        (SamplingParams.prompt_logprobs, ModelRunner._prompt_logprobs); this whole-prompt pass
+        is the reference the tests hold that path to."""
         logits = self.model_runner.model.score(token_ids, self.config.block_size)
         if logits is None:
             return None
