@@ -3,6 +3,11 @@
 A test is a function taking the learner's module. It raises Fail with what was expected,
 what happened and on which input (or returns a short note on what it checked); anything else it raises is reported as an error in the
 learner's code. Tests run in the order they are defined, each in its own child process.
+
+The `input:` line of a failure names the call that failed: a test that makes several calls says
+which one comes next with step(...); a failure without an input of its own (a Fail, a crash, a
+hang) reports the last step. A crash with no step is named by the call into the learner's code
+that raised (call_in_traceback).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from typing import Any, Callable
 _MISSING = object()
 REGISTRY: list["TestSpec"] = []
 DEFAULT_TIMEOUT_S = 10.0
+ARG_CHARS = 60  # an argument shown on the input line is clipped to this
+_steps: list[str] = []  # the steps this test said it takes, the last one current
+_step_sink: list[Callable[[str], None]] = []  # the child's report to the judge (hangs)
 
 
 @dataclass
@@ -45,6 +53,52 @@ class Fail(AssertionError):
         self.message, self.input, self.detail = message, input, detail
         self.expected = None if expected is _MISSING else _show(expected)
         self.got = None if got is _MISSING else _show(got)
+
+
+def step(input: str) -> None:
+    """Say which call the test makes next: from here on a failure (a Fail with no input of its
+    own, a crash, a hang the judge stops) names it on its `input:` line."""
+    _steps.append(input)
+    for sink in _step_sink:
+        sink(input)
+
+
+def current_step() -> str | None:
+    return _steps[-1] if _steps else None
+
+
+def call_in_traceback(tb, impl_dir: str) -> str:
+    """The call into the learner's code that raised, as `name(arg=value, ...)` from the first
+    traceback frame in impl_dir (its arguments as they were when it raised); '' if none."""
+    import inspect
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(impl_dir):
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_code.co_name.startswith("<"):
+        return ""
+    frame = tb.tb_frame
+    info = inspect.getargvalues(frame)
+    names, name = list(info.args), frame.f_code.co_name
+    if names and names[0] in ("self", "cls"):
+        owner = frame.f_locals.get(names.pop(0))
+        cls = owner if isinstance(owner, type) else type(owner)
+        name = cls.__name__ if name == "__init__" else f"{cls.__name__}.{name}"
+    shown = [f"{n}={_short(frame.f_locals.get(n))}" for n in names]
+    if info.varargs:
+        shown += [_short(v) for v in frame.f_locals.get(info.varargs, ())]
+    if info.keywords:
+        shown += [f"{k}={_short(v)}" for k, v in frame.f_locals.get(info.keywords, {}).items()]
+    return f"{name}({', '.join(shown)})"
+
+
+def _short(value: Any) -> str:
+    """A value as the input line shows it: a function by its name, an object whose repr is
+    only its address by its type, anything else by a repr clipped to ARG_CHARS."""
+    if callable(value) and hasattr(value, "__name__") and not isinstance(value, type):
+        return value.__name__
+    text = repr(value)
+    if text.startswith("<") and " at 0x" in text:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= ARG_CHARS else text[:ARG_CHARS - 3] + "..."
 
 
 def scaled(seconds: float) -> float:

@@ -5,7 +5,8 @@
 The first line of stdin is the number of the file descriptor to report to: a pipe the judge
 holds, named nowhere the learner's module looks (argv, env). The child writes "ready" there
 once the tests and the learner's module are imported (the test's time limit starts then, so a
-slow import on a busy machine never eats it), then the result as one JSON line.
+slow import on a busy machine never eats it), a line `step "..."` for each api.step the test
+takes, then the result as one JSON line.
 IMPL_DIR holds the code under test as MODULE.py and is on sys.path (and PYTHONPATH), so
 that processes the learner's code spawns can import it by name too.
 """
@@ -48,9 +49,23 @@ def _escaped_fork(exc: BaseException) -> str:
             "returning or raising")
 
 
+def _failed_input(given: str | None, tb, impl_dir: str, spec: api.TestSpec) -> str:
+    """The failure's `input:` line: the input it was given; for a crash, the call into the
+    learner's code that raised, unless the test's last step names that function (it says
+    more); else the last step; else the test's whole input."""
+    if given is not None:
+        return given
+    step = api.current_step()
+    call = api.call_in_traceback(tb, impl_dir) if tb is not None else ""
+    if call and not (step and call.split("(")[0].split(".")[-1] in step):
+        return call
+    return step or spec.input
+
+
 def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
         ready=lambda: None) -> dict:
     sys.path.insert(0, impl_dir)
+    api._steps.clear()
     _, specs = load_tests(tests_path)
     spec = next(s for s in specs if s.name == test_name)
     start = time.perf_counter()
@@ -67,9 +82,7 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
             result["note"] = note
     except api.Fail as exc:
         result.update(status="fail", message=exc.message, expected=exc.expected, got=exc.got,
-                      detail=exc.detail)
-        if exc.input is not None:
-            result["input"] = exc.input
+                      detail=exc.detail, input=_failed_input(exc.input, None, impl_dir, spec))
     except MemoryError:
         result.update(status="fail", kind="error",
                       message="your code ran out of memory: the judge allows each process "
@@ -77,6 +90,7 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
                               "space. Look for a buffer that grows without bound.")
     except NotImplementedError:
         where = api.learner_frame(sys.exc_info()[2], impl_dir)
+        result["input"] = _failed_input(None, sys.exc_info()[2], impl_dir, spec)
         result.update(status="fail", kind="todo",
                       message=f"not implemented yet: {where or 'a TODO'} raises NotImplementedError")
     except BaseException as exc:  # the learner's code crashed: show where
@@ -85,6 +99,7 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
         raised = f"your code raised {type(exc).__name__}: {exc}"
         if os.getpid() != test_pid:
             raised = _escaped_fork(exc)
+        result["input"] = _failed_input(None, exc.__traceback__, impl_dir, spec)
         result.update(status="fail", kind="error",
                       message=raised + (f"\n  in {where}" if where else ""), detail=tb)
     result["seconds"] = round(time.perf_counter() - start, 3)
@@ -105,6 +120,8 @@ def serve(fd: int, argv: list[str]) -> int:
     limit = int(os.environ.get("MINIVLLM_JUDGE_MEMORY_MIB", 0)) << 20
     if limit:  # address space, for this process and all it starts
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # each step goes to the judge as it is taken: a hang's input line names the last one
+    api._step_sink.append(lambda text: os.write(fd, b"step " + json.dumps(text).encode() + b"\n"))
     result = run(tests_path, impl_dir, module_name, test_name,
                  ready=lambda: os.write(fd, b"ready\n"))
     try:

@@ -37,6 +37,7 @@ from minivllm.judge.child import load_tests
 from minivllm.judge.exercise import ROOT, Exercise
 from minivllm.judge.zygote import ForkedTest, Zygote
 from minivllm.utils.leaks import Snapshot, become_subreaper, kill_processes
+from minivllm.utils.load_scale import load_scale
 from minivllm.utils.resource_names import PREFIX_ENV
 
 FORK_ENV = "MINIVLLM_JUDGE_FORK"  # "0": each test in a fresh interpreter, not forked warm
@@ -184,18 +185,21 @@ def _short_temp_root() -> str:
 
 def time_scale() -> float:
     """Time limits guard against hangs, never decide a verdict: on a busy machine (load above
-    the core count) they stretch, up to 4x. MINIVLLM_JUDGE_TIME_SCALE sets the factor."""
+    the core count) they stretch, up to 4x, as minivllm's own start timeouts do
+    (utils/load_scale.py). MINIVLLM_JUDGE_TIME_SCALE sets the factor."""
     if os.environ.get(TIME_SCALE_ENV):
         return float(os.environ[TIME_SCALE_ENV])
-    return max(1.0, min(4.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+    return load_scale()
 
 
 class _Tail(threading.Thread):
-    """Drains a pipe, keeping only its last bytes; `ready` is set when a line "ready" came."""
+    """Drains a pipe, keeping only its last bytes; `ready` is set when a line "ready" came.
+    With verdict=True it stops at the first complete JSON line (the child's verdict: one from
+    a process the learner's code forked may follow) and keeps the last step line."""
 
-    def __init__(self, fd: int, keep: int, lines: int = 0):
+    def __init__(self, fd: int, keep: int, verdict: bool = False):
         super().__init__(daemon=True)
-        self.fd, self.keep, self.lines = fd, keep, lines
+        self.fd, self.keep, self.verdict = fd, keep, verdict
         self.data, self.total = b"", 0
         self.ready = threading.Event()
         self.start()
@@ -207,8 +211,17 @@ class _Tail(threading.Thread):
                 self.data = (self.data + chunk)[-self.keep:] if self.keep else self.data + chunk
                 if self.data.startswith(b"ready\n"):
                     self.ready.set()
-                if self.lines and self.data.count(b"\n") >= self.lines:
+                if self.verdict and self.result_line() is not None:
                     return
+
+    def result_line(self) -> bytes | None:
+        """The verdict: the first complete line that is not "ready" or a step."""
+        return next((ln for ln in self.data.split(b"\n")[:-1] if ln.startswith(b"{")), None)
+
+    def last_step(self) -> str | None:
+        """The input of the last api.step the test took before its verdict, if any."""
+        steps = [ln for ln in self.data.split(b"\n")[:-1] if ln.startswith(b"step ")]
+        return json.loads(steps[-1][5:]) if steps else None
 
     def join(self, timeout: float = 5.0) -> None:
         super().join(timeout)
@@ -245,7 +258,7 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     finally:
         os.close(verdict_w)
         os.close(out_w)
-    verdict, out = _Tail(verdict_r, 0, lines=2), _Tail(out_r, OUTPUT_TAIL_BYTES)
+    verdict, out = _Tail(verdict_r, 0, verdict=True), _Tail(out_r, OUTPUT_TAIL_BYTES)
     limit = spec.timeout * scale
     try:
         hung = _wait(proc, verdict, limit)
@@ -256,13 +269,13 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     if hung:
         if hung.startswith("timed out"):
             hung += spec.hang or DEFAULT_HANG
-        return ({"name": spec.name, "status": "fail", "kind": "timeout", "input": spec.input,
+        return ({"name": spec.name, "status": "fail", "kind": "timeout",
+                 "input": verdict.last_step() or spec.input,
                  "seconds": round(limit, 1), "message": hung}, out)
-    line = verdict.data.removeprefix(b"ready\n").split(b"\n", 1)[0]
     try:
-        return json.loads(line), out
+        return json.loads(verdict.result_line() or b""), out
     except ValueError:
-        return _died(spec, proc.returncode), out
+        return _died(spec, proc.returncode, verdict.last_step()), out
 
 
 def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> str:
@@ -290,12 +303,12 @@ def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> 
     return problem
 
 
-def _died(spec: api.TestSpec, code: int) -> dict:
+def _died(spec: api.TestSpec, code: int, step: str | None = None) -> dict:
     why = "a crash in native code, os._exit, or a signal"
     if code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT):
         why += (f"; if your code allocates a lot, it may have run out of memory (the judge "
                 f"allows {MEMORY_MIB} MiB per process)")
-    return {"name": spec.name, "status": "fail", "kind": "error", "input": spec.input,
+    return {"name": spec.name, "status": "fail", "kind": "error", "input": step or spec.input,
             "message": f"the test process died with exit code {code} before reporting ({why})"}
 
 

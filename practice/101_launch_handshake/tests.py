@@ -14,7 +14,7 @@ import threading
 import time
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 
 # A child that ignores SIGTERM and writes its pid to a file, then sleeps: a hung worker.
 STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -120,9 +120,11 @@ class _WaitLog:
 @test(input="start_worker(setup_ok, (21,)); the defaults of start_worker and stop_worker",
       timeout=15)
 def ready_handshake(impl):
+    step("the signatures of start_worker and stop_worker (their timeout defaults)")
     for fn, default in ((impl.start_worker, 10.0), (impl.stop_worker, 2.0)):
         check_equal(inspect.signature(fn).parameters["timeout"].default, default,
                     f"the default timeout of {fn.__name__} (the README fixes the signature)")
+    step("start_worker(setup_ok, (21,), timeout=10)")
     proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=10)
     try:
         check_equal(result, 42, "the ready result (setup_ok(21))")
@@ -132,27 +134,49 @@ def ready_handshake(impl):
             raise Fail("the target ran in the judge's process, not in a child")
     finally:
         impl.stop_worker(proc)
+    step("stop_worker(the process start_worker(setup_ok, (21,)) returned)")
     if proc.is_alive():
         raise Fail("stop_worker returned while the process is alive")
-    reader, writer = multiprocessing.Pipe(duplex=False)  # worker_entry alone, in this process
-    impl.worker_entry(writer, impl.setup_ok, (21,))
-    check_equal(reader.recv(), ("ready", 42), "what worker_entry(conn, setup_ok, (21,)) sends "
-                "(the README fixes the message: another side may read it)")
+    step("worker_entry(conn, setup_ok, (21,)) in the judge's process")
+    check_equal(_entry_sends(impl, impl.setup_ok, (21,)), ("ready", 42),
+                "what worker_entry(conn, setup_ok, (21,)) sends (the README fixes the message: "
+                "another side may read it)")
+    step("worker_entry(conn, a target that raises ValueError('bad config')) in the judge's "
+         "process")
     try:
-        impl.worker_entry(writer, exec, ("raise ValueError('bad config')", {}))
+        got = _entry_sends(impl, exec, ("raise ValueError('bad config')", {}))
     except ValueError:
         raise Fail("worker_entry let its target's ValueError escape: catch any exception and "
                    "send ('error', text)")
-    got = reader.recv()
     if not (isinstance(got, tuple) and len(got) == 2 and got[0] == "error"):
         raise Fail("what worker_entry sends when its target raises ValueError('bad config')",
                    expected="('error', text)", got=got)
 
 
-def _expect_start_error(impl, target, args, timeout: float, text: str, what: str) -> None:
+def _entry_sends(impl, target, args):
+    """What worker_entry(conn, target, args), run in this process, sends: each call gets a pipe
+    of its own, as in a child (conn is the worker's end: it may close it once it has sent)."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    try:
+        impl.worker_entry(writer, target, args)
+        writer.close()  # closed already if worker_entry closed it: then this does nothing
+        if not reader.poll(scaled(10)):
+            raise Fail("worker_entry returned without sending anything on conn")
+        try:
+            return reader.recv()
+        except EOFError:
+            raise Fail("worker_entry returned without sending anything on conn") from None
+    finally:
+        reader.close()
+        writer.close()
+
+
+def _expect_start_error(impl, target, args, timeout: float, text: str, what: str,
+                        call: str = "") -> None:
     """start_worker(target, args) must raise WorkerStartError whose message holds `text`;
-    target is the name of one of impl's, or a builtin."""
+    target is the name of one of impl's, or a builtin; `call` says the call on the input line."""
     name = target if isinstance(target, str) else f"{target.__name__}{args!r}"
+    step(call or f"start_worker({name}, timeout={timeout:g})")
     try:
         impl.start_worker(getattr(impl, name, target), args, timeout=timeout)
     except impl.WorkerStartError as e:
@@ -169,10 +193,14 @@ def error_reaches_the_parent(impl):
                         "WorkerStartError must carry the child's whole error text")
     _expect_start_error(impl, exec, ("raise ValueError('bad config: tp=3')", {}), 10,
                         "bad config: tp=3", "any exception of the target, not only RuntimeError, "
-                        "must reach the parent as ('error', text)")
+                        "must reach the parent as ('error', text)",
+                        call="start_worker(a target that raises ValueError('bad config: tp=3'), "
+                             "timeout=10)")
     _no_children("after a failed start")
     _expect_start_error(impl, exec, (RAISES_AND_HANGS, {}), 10, "tensor_parallel_size=3",
-                        "WorkerStartError must carry the child's error text")
+                        "WorkerStartError must carry the child's error text",
+                        call="start_worker(a target that raises and leaves a thread running, "
+                             "timeout=10)")
     _no_children("after ('error', ...) from a child whose thread keeps it alive")
 
 
@@ -188,14 +216,16 @@ UNPICKLABLE = ("import threading\n"
             "/models/llama.bin') carrying a threading.Lock (the exception cannot be pickled)",
       timeout=20)
 def error_is_sent_as_text(impl):
-    reader, writer = multiprocessing.Pipe(duplex=False)  # worker_entry alone, in this process
+    step("worker_entry(conn, a target raising OSError('weights locked: ...') that holds a lock) "
+         "in the judge's process")
     try:
-        impl.worker_entry(writer, exec, (UNPICKLABLE, {}))
+        got = _entry_sends(impl, exec, (UNPICKLABLE, {}))
+    except Fail:
+        raise
     except Exception as e:  # noqa: BLE001 - the test says what it was
         raise Fail("worker_entry could not send the error of a target whose exception holds a "
                    "lock: send ('error', text) with the exception's text (a str), never the "
                    "exception object: many cannot be pickled", got=f"{type(e).__name__}: {e}")
-    got = reader.recv()
     if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], str)
             and "weights locked" in got[1]):
         raise Fail("what worker_entry sends when its target raises OSError('weights locked: "
@@ -203,7 +233,9 @@ def error_is_sent_as_text(impl):
                    "locked: /models/llama.bin...')", got=repr(got))
     _expect_start_error(impl, exec, (UNPICKLABLE, {}), 10, "weights locked: /models/llama.bin",
                         "WorkerStartError must carry the text of an exception that cannot be "
-                        "pickled: the child sends its text, never the exception object")
+                        "pickled: the child sends its text, never the exception object",
+                        call="start_worker(a target raising OSError('weights locked: ...') that "
+                             "holds a lock, timeout=10)")
     _no_children("after a failed start")
 
 
@@ -215,7 +247,8 @@ def child_dies_before_ready(impl):
     with _WaitLog(impl, after_exit=True):  # the pipe's end of file and the sentinel both ready
         _expect_start_error(impl, "setup_dies", (), 30, "exit code 3", "a child that died sent "
                             "nothing: the pipe reads end of file (EOFError), and the error must "
-                            "give the child's exit code")
+                            "give the child's exit code", call="start_worker(setup_dies, "
+                            "timeout=30), the parent waking only after the child has exited")
     _no_children("after the child died")
 
 
@@ -223,6 +256,8 @@ def child_dies_before_ready(impl):
             "after the child has sent its message and exited", timeout=20)
 def message_wins_over_exit(impl):
     with _WaitLog(impl, after_exit=True):
+        step("start_worker(setup_ok, (21,)), the parent waking only after the child has sent "
+             "('ready', 42) and exited")
         try:
             proc, result = impl.start_worker(impl.setup_ok, (21,), timeout=scaled(30))
         except impl.WorkerStartError as e:
@@ -231,6 +266,8 @@ def message_wins_over_exit(impl):
                        "child exited", got=str(e))
         impl.stop_worker(proc)
         check_equal(result, 42, "the ready result, read after the child exited")
+        step("start_worker(setup_fails), the parent waking only after the child has sent "
+             "('error', ...) and exited")
         try:
             impl.start_worker(impl.setup_fails, (), timeout=scaled(30))
         except impl.WorkerStartError as e:
@@ -271,6 +308,7 @@ def timeout_stops_the_child(impl):
                    f"never answered (the timeouts it passed to connection.wait: {log.timeouts}): "
                    f"wait at most `timeout` seconds in all")
     marker = os.path.join(tempfile.mkdtemp(), "bye")  # a worker that cleans up on SIGTERM
+    step(f"start_worker(a child that cleans up on SIGTERM and never reports, timeout={asked:g})")
     with _WaitLog(impl, armed=marker + ".up"):
         try:
             impl.start_worker(exec, (GRACEFUL.format(path=marker, pause=0), {}), timeout=asked)
@@ -306,6 +344,7 @@ def stop_worker_escalates(impl):
     stubborn = ctx.Process(target=exec, args=(STUBBORN.format(path=stubborn_file), {}))
     stubborn.start()
     _wait_for_file(stubborn_file, "the child that ignores SIGTERM")
+    step(f"stop_worker(a child that ignores SIGTERM, timeout={STOP_TIMEOUT_S:g})")
     _stop_in_thread(impl, stubborn, STOP_TIMEOUT_S)
     _reaped(stubborn.pid, "a child that ignores SIGTERM")
     if stubborn.is_alive():
@@ -316,6 +355,7 @@ def stop_worker_escalates(impl):
     graceful = ctx.Process(target=exec, args=(GRACEFUL.format(path=graceful_file, pause=0.5), {}))
     graceful.start()
     _wait_for_file(graceful_file + ".up", "the child that cleans up on SIGTERM")
+    step(f"stop_worker(a child that cleans up for 0.5 s on SIGTERM, timeout={scaled(15):.0f})")
     took = _stop_in_thread(impl, graceful, scaled(15))
     if not os.path.exists(graceful_file):
         raise Fail(f"stop_worker(process, timeout={scaled(15):.0f}) killed a worker that was "
