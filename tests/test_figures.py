@@ -24,6 +24,7 @@ def drawn_figures(module, monkeypatch) -> list[Figure]:
         module.main(quick=True)
     elif module.__name__ == "make_05":
         module.draw_layout("layout")
+        module.draw_chunk_format("format")
         module.draw_schedule(module.breaking_schedule(), "schedule")
     else:
         module.main()
