@@ -52,6 +52,7 @@ from minivllm.engine.config import EngineConfig
 from minivllm.engine.messages import (
     ADDRESSES_TIMEOUT_S, EngineCoreReadyResponse, EngineZmqAddresses, HandshakeFailed,
     HandshakeHello, HandshakeMessage, HandshakeReady)
+from minivllm.utils.load_scale import load_scale, why_stretched
 from minivllm.utils.mp import ProcHandle, choose_start_method, launch
 from minivllm.utils.zmq import (
     IpcDir, close_all, identity_to_rank, make_zmq_socket, tcp_address)
@@ -246,17 +247,19 @@ def wait_for_engine_startup(handshake: zmq.Socket, manager: CoreEngineProcManage
     poller.register(handshake, zmq.POLLIN)
     for sentinel in manager.sentinels:
         poller.register(sentinel, zmq.POLLIN)
-    start, count = time.monotonic(), len(ranks)
+    start, count, scale = time.monotonic(), len(ranks), load_scale()  # busy: slower starts
     while len(ready) < count:
         waiting_hello = len(hello) < count
-        limit = HELLO_TIMEOUT_S if waiting_hello else ready_timeout
+        asked = HELLO_TIMEOUT_S if waiting_hello else ready_timeout
+        limit = asked * scale
         left = start + limit - time.monotonic()
         events = dict(poller.poll(max(left, 0) * 1000))
         if not events:
             missing = sorted(set(ranks) - (ready.keys() if not waiting_hello else hello))
             what = "said HELLO" if waiting_hello else "reported READY (loading the model)"
-            raise TimeoutError(f"engine core(s) {missing} have not {what} within {limit:g} s: "
-                               "see their log above, or pass a larger ready_timeout")
+            raise TimeoutError(f"engine core(s) {missing} have not {what} within {asked:g} s"
+                               f"{why_stretched(asked, limit)}: see their log above, or pass a "
+                               "larger ready_timeout")
         for i, sentinel in enumerate(manager.sentinels):
             if sentinel in events:
                 raise RuntimeError(f"{manager.describe_death(i)} during start-up, before it "

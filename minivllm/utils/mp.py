@@ -41,6 +41,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, Callable
 
 from minivllm.utils import owner_exit
+from minivllm.utils.load_scale import stretched, why_stretched
 from minivllm.utils.mp_child import _OWN_ALIVE_ENDS, _child_main
 from minivllm.utils.mp_child import EXIT_TERMINATED, ChildLink  # noqa: F401  (this API's too)
 from minivllm.utils.run_dir import remove_at_exit, remove_process_dir, run_dir
@@ -48,7 +49,8 @@ from minivllm.utils.run_dir import remove_at_exit, remove_process_dir, run_dir
 START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"  # vLLM's VLLM_WORKER_MULTIPROC_METHOD
 DEFAULT_START_METHOD = "fork"  # vLLM's default (VLLM_WORKER_MULTIPROC_METHOD in vllm/envs.py): the cheapest start
 START_METHODS = ("fork", "spawn", "forkserver")
-READY_TIMEOUT_S = 60.0  # loading the model takes seconds on 2 cores; a minute means stuck
+READY_TIMEOUT_S = 60.0  # loading the model takes seconds on 2 idle cores; a minute means stuck
+# (every ready timeout stretches with the load, up to 4x: utils/load_scale.py)
 STOP_GRACE_S = 5.0  # a child leaves its loop this fast after a polite request, or is terminated
 TERM_GRACE_S = 2.0  # after SIGTERM, before SIGKILL (vLLM waits 4 s: MultiprocExecutor._ensure_worker_termination)
 STOP_REQUEST = b"stop"
@@ -219,8 +221,11 @@ class ProcHandle:
 
 
 def _wait_ready(handle: ProcHandle, ready_reader, timeout: float) -> Any:
+    """The child's ready message, within `timeout` s stretched for the load (a busy machine
+    starts a child slower: utils/load_scale.py)."""
     who = f"{handle.name} (pid {handle.pid})"
-    ready = multiprocessing.connection.wait([ready_reader, handle.sentinel], timeout)
+    limit = stretched(timeout)
+    ready = multiprocessing.connection.wait([ready_reader, handle.sentinel], limit)
     if ready_reader in ready:
         try:
             kind, payload = ready_reader.recv()
@@ -238,8 +243,9 @@ def _wait_ready(handle: ProcHandle, ready_reader, timeout: float) -> Any:
         handle.process.join(1.0)
         raise ChildStartError(f"{who} exited with code {handle.process.exitcode} before it "
                               "reported ready; see its output above")
-    raise ReadyTimeoutError(f"{who} did not report ready within {timeout:g} s: it is stuck or "
-                            "slow. See its log above, or pass a larger ready_timeout")
+    raise ReadyTimeoutError(f"{who} did not report ready within {timeout:g} s"
+                            f"{why_stretched(timeout, limit)}: it is stuck or slow. See its "
+                            "log above, or pass a larger ready_timeout")
 
 
 def _check_main_reimportable(method: str, name: str) -> None:
