@@ -202,8 +202,9 @@ def late_ready_is_counted(impl):
             raise Fail(f"poll_outputs raised {type(e).__name__}: {e}, where engine 1's READY came "
                        "after wait_ready had timed out (an engine that started late): a READY is "
                        "not an output; count it, as wait_ready would, and go on") from None
-        check_equal([o.engine_index for o in outs], [1], "the engine_index of the outputs "
-                    "poll_outputs took (engine 1's, after its late READY)")
+        check_equal([o.engine_index for o in outs], [1], "the engine_index of each output "
+                    "poll_outputs returned (engine 1 sent its READY, then one output: a READY "
+                    "is no output, so count it and wait on, to the same deadline, for the output)")
         try:
             got = b.client.wait_ready(scaled(QUIET_S))
         except TimeoutError as e:
@@ -547,6 +548,7 @@ def _drive(client, pipes):
         stats.append(recv_end.recv())
     for r, s in enumerate(stats):
         check_equal(sorted(s["added"]), sorted(k for k, v in routed.items() if v == r),
-                    f"the requests engine {r} received: those add_request said it chose")
+                    f"the requests engine {r} received (exactly those for which add_request "
+                    f"returned {r})")
         check_equal(s["misrouted_aborts"], [], f"aborts engine {r} received for requests it "
                                                "never had")
