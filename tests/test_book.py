@@ -21,6 +21,7 @@ from urllib.parse import urldefrag, urlparse
 import nbformat
 import pytest
 
+from test_chapter_rules import GLOSSARY_TERMS
 from test_chapters import PLOTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +39,8 @@ TABLE_RULE = re.compile(r"^\|[-:| ]+\|\s*$", re.M)  # the |---|---| line of a ma
 
 pytestmark = [
     pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                       reason="no headless browser: `make book-deps` installs Debian's chromium and chromium-driver "
-                              "(apt-get, as root)"),
+                       reason="no headless browser: `make book-deps` installs Debian's chromium "
+                              "and chromium-driver (apt-get, as root)"),
     pytest.mark.timeout(BUILD_TIMEOUT_S + 300),  # the build runs in the first test's setup
 ]
 
@@ -245,6 +246,19 @@ def test_every_page_renders(site, base_url, browser):
         screenshot(browser, name, facts["height"])
     problems += link_problems(seen, links, base_url)
     assert not problems, f"{len(problems)} problems on {len(names)} pages:\n" + "\n".join(problems)
+
+
+def test_glossary_is_a_page_with_every_term(site):
+    """The glossary is in the book, linked from the front page, with an anchor per term (which
+    the chapters' glossary.md#term links land on) and the engine step's figure."""
+    page = site / "chapters" / "glossary.html"
+    assert page.exists(), "the book has no chapters/glossary.html: book/build.py lays it out"
+    text = page.read_text()
+    missing = sorted(set(GLOSSARY_TERMS) - set(re.findall(r'id="([^"]+)"', text)))
+    assert not missing, f"chapters/glossary.html has no anchor for {missing}"
+    assert "00_engine_step.png" in text, "the glossary page does not show 00_engine_step.png"
+    assert 'href="chapters/glossary.html"' in (site / "index.html").read_text(), (
+        "the front page does not link the glossary (README's reading order should)")
 
 
 def test_search_finds_engine_core_dead(base_url, browser):
