@@ -548,6 +548,34 @@ def transfer_checks_the_bytes(impl):
                       "kill() it when the read fails")
 
 
+FINISH_THREAD = "judge: writer.finish"
+
+
+class _RecordedWaits:
+    """While active, the seconds of every time.sleep and select.select timeout that the
+    thread running finish() asks for (the judge's own waits are left out)."""
+
+    def __enter__(self):
+        self.real_sleep, self.real_select, self.waits = time.sleep, select.select, []
+
+        def sleep(seconds):
+            self._note(seconds)
+            return self.real_sleep(seconds)
+
+        def select_(r, w, x, timeout=None):
+            self._note(timeout)
+            return self.real_select(r, w, x, timeout)
+        time.sleep, select.select = sleep, select_
+        return self
+
+    def _note(self, seconds) -> None:
+        if threading.current_thread().name == FINISH_THREAD:
+            self.waits.append(float("inf") if seconds is None else seconds)
+
+    def __exit__(self, *exc) -> None:
+        time.sleep, select.select = self.real_sleep, self.real_select
+
+
 def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
     """writer.finish(timeout) in a thread: (what it did, seconds); a finish still waiting
     scaled(8) s past its timeout is unblocked by killing the writer, and reported so."""
@@ -559,7 +587,7 @@ def _finish_in_thread(writer, timeout: float) -> tuple[str, float]:
         except BaseException as e:  # what finish raised is the verdict
             outcome[0] = f"{type(e).__name__}: {e}"
         done.set()
-    threading.Thread(target=run, daemon=True).start()
+    threading.Thread(target=run, name=FINISH_THREAD, daemon=True).start()
     if not done.wait(timeout + scaled(8.0)):
         procfs.signal_quietly(writer.pid, signal.SIGKILL)
         done.wait(WAIT_S)
@@ -647,8 +675,9 @@ def finish_reports_errors(impl):
         raise Fail("finish() of a writer killed by SIGKILL must raise RuntimeError: its wait "
                    "status holds a signal, not an exit code of 0 (os.waitstatus_to_exitcode "
                    "gives -9)", expected="RuntimeError: ...", got=got)
-    got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5,  # alive, never exits by itself
-                                      slow_to_die=True)
+    with _RecordedWaits() as recorded:
+        got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5,  # alive, never exits
+                                          slow_to_die=True)
     if got == "hung":
         raise Fail(f"finish(timeout=0.5) of a stopped writer had not returned {took:.1f} s "
                    "later, when the judge killed the writer: wait with a deadline (wait4 with "
@@ -656,6 +685,12 @@ def finish_reports_errors(impl):
     if not got.startswith("TimeoutError"):
         raise Fail("finish(timeout=0.5) of a writer that never exits must raise TimeoutError",
                    expected="TimeoutError: ...", got=got)
+    longest = max(recorded.waits, default=0.0)
+    if longest > 0.5:
+        raise Fail(f"finish(timeout=0.5) slept {longest:g} s in one wait: the README has it kill "
+                   "the writer and raise TimeoutError once `timeout` has passed, so no single wait "
+                   "may outlast the timeout; poll in short steps (a few ms)",
+                   got=f"waits of {sorted(set(recorded.waits))} s")
     if not reaped:
         raise Fail("finish(timeout=0.5) raised TimeoutError but left the writer unreaped: "
                    "kill it with SIGKILL (a stopped process does not act on SIGTERM), then reap "
