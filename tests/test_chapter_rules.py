@@ -382,24 +382,31 @@ def test_chapter_links_the_glossary(chapter):
 
 
 def test_the_rules_catch_an_answer(tmp_path):
-    """The checks are not vacuous: four lines of a reference answer, a run of a solution and a
-    getsource of ShmRingBuffer are caught in the open, and pass folded under their heading."""
+    """The checks are not vacuous: four lines of a reference answer, a run of a solution, a
+    getsource of ShmRingBuffer and one of a module that holds 101's answer are caught in the open;
+    folded under "After you solve 213", only 101's remains (its own heading is missing)."""
     source = (ROOT / "solutions" / "213_shm_ring_buffer.py").read_text()
     body = body_lines(source, find_node(ast.parse(source), "RingWriter.try_write"))
     pasted = "\n".join(body[:WINDOW + 2])
     printed = ("import inspect\nfrom minivllm.distributed import shm_ring\n"
                "print(inspect.getsource(shm_ring.ShmRingBuffer))")
+    module = "from minivllm.utils import mp\nprint(inspect.getsource(mp))"
 
-    def page(heading: str, tags: str) -> Path:
-        path = tmp_path / "99_probe.md"
-        cellfence = "```{code-cell} ipython3\n" + (f":tags: [{tags}]\n\n" if tags else "")
-        path.write_text(f"# 99\n\n## {heading}\n\n" + "".join(
-            f"{cellfence}{src}\n```\n\n" for src in (pasted, printed, "ex.variants()")))
+    def caught(heading: str, tags: str) -> list[str]:
+        path = tmp_path / "00_probe.md"  # before every exercise's chapter
+        fence = "```{code-cell} ipython3\n" + (f":tags: [{tags}]\n\n" if tags else "")
+        path.write_text(f"# 00\n\n## {heading}\n\n" + "".join(
+            f"{fence}{src}\n```\n\n" for src in (pasted, printed, "ex.variants()", module)))
         cells.cache_clear()
-        return path
+        return [p.split(": ", 1)[1].split(";")[0] for p in answer_problems(path)]
 
-    problems = answer_problems(page("A section", ""))
-    assert len(problems) == 3, problems
-    assert "213_shm_ring_buffer.py" in problems[0] and "ShmRingBuffer" in problems[1], problems
-    assert not answer_problems(page("After you solve 213", "hide-input, hide-output"))
-    assert len(answer_problems(page("After you solve 213", "hide-input"))) == 1  # output shown
+    assert caught("A section", "") == [
+        "its source shows 4+ lines of the reference answer solutions/213_shm_ring_buffer.py: "
+        "try_write",
+        "prints the source of minivllm.distributed.shm_ring.ShmRingBuffer, the engine's answer "
+        "to exercise 213",
+        "imports or runs a reference solution ('.variants()')",
+        "prints the source of minivllm.utils.mp.launch, the engine's answer to exercise 101",
+        "prints the source of minivllm.utils.mp._wait_ready, the engine's answer to exercise 101"]
+    assert caught("After you solve 213", "hide-input, hide-output") == caught("A section", "")[3:]
+    assert len(caught("After you solve 213", "hide-input")) == 3  # printed sources still shown
