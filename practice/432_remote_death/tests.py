@@ -10,6 +10,7 @@ verdict depends on how fast the machine is.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import select
 import signal
@@ -189,9 +190,15 @@ def detector_stall(impl):
                        expected={"A": impl.SILENT, "B": impl.SILENT}, got=got)
 
 
-@test(input="check(wait) while the judge sends a beat 0.3 s after the call starts; then check(0.3) "
-            "with nothing coming and the clock standing still")
+@test(input="the signature of PeerWatch.check; check(wait) while the judge sends a beat 0.3 s "
+            "after the call starts; then check(0.3) with nothing coming and the clock standing "
+            "still")
 def check_waits(impl):
+    default = inspect.signature(impl.PeerWatch.check).parameters["wait"].default
+    if default != 0.0:
+        raise Fail("the default `wait` of PeerWatch.check: the README fixes check(wait=0.0), so "
+                   "a caller's check() on quiet sockets returns at once instead of blocking",
+                   expected=0.0, got=default)
     with _watching(impl, "A") as (clock, pairs, watch):
         wait, sent = ARRIVE_S, []
         timer = threading.Timer(0.3, lambda: (sent.append(time.monotonic()),
