@@ -4,8 +4,8 @@
   `solutions/`, imports or runs no reference solution, and prints no source of the engine's own
   version of what an exercise asks for (chapter_answers.ENGINE_ANSWERS), in its cells or in the
   outputs of its last executed run (_build/executed/, when newer than the chapter), except in a
-  cell folded on the website (tags `hide-input`, and `hide-output` where the output shows it) under a heading
-  "After you solve NNN";
+  cell folded on the website (tags `hide-input`, and `hide-output` where the output shows it)
+  under a heading "After you solve NNN";
 - a page teaches: at most MAX_PROSE_WORDS words of prose, and no "issue N" from the tracker;
 - the words are defined: the glossary defines every term of GLOSSARY_TERMS under a heading, each
   chapter links the glossary, and every `glossary.md#anchor` link lands on a heading there.
