@@ -1,6 +1,9 @@
 """figures/02_ipc_reference.png: `minivllm bench ipc` bandwidth and latency, measured by this
-script on the machine that runs it (committed: a reference from the project's 2-core machine);
-figures/02_copies.png: where each byte is copied, per transport."""
+script on the machine that runs it (committed: a reference from the project's 2-core machine),
+with a caption computed from that run: which transport moved the most at each size;
+figures/02_copies.png: where each byte is copied, per transport.
+
+Chapter 02 imports winners() and caption() to say the same of the reader's own run."""
 
 import sys
 from pathlib import Path
@@ -9,6 +12,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 from minivllm.bench import ipc
+from minivllm.bench.load import LoadMeter
 
 HERE = Path(__file__).resolve().parent
 ROWS = [  # transport, steps of one byte's journey
@@ -39,10 +43,44 @@ def copies_figure(path: Path) -> None:
     plt.close(fig)
 
 
+def winners(record: dict) -> list[tuple[int, str, float, float]]:
+    """Per message size: (size, the two-process transport that moved the most, its GB/s, that
+    GB/s over memcpy's at the same size), from the run's medians."""
+    bw = {(r["transport"], r["size"]): r["gbps"] for r in record["results"]
+          if r["metric"] == "bandwidth"}
+    out = []
+    for size in sorted({s for _, s in bw}):
+        moved = {t: g for (t, s), g in bw.items() if s == size and t != "memcpy"}
+        if moved and ("memcpy", size) in bw:
+            best = max(moved, key=moved.get)
+            out.append((size, best, moved[best], moved[best] / bw[("memcpy", size)]))
+    return out
+
+
+def winner_lines(record: dict) -> list[str]:
+    """One sentence per size: who moved the most between processes, against memcpy."""
+    return [f"on this machine at {ipc.fmt_size(size)}: {best} moved the most between processes, "
+            f"{gbps:.2f} GB/s = {vs:.2f}x memcpy" + (" (ahead of memcpy)" if vs > 1 else "")
+            for size, best, gbps, vs in winners(record)]
+
+
+def caption(record: dict) -> str:
+    """The figure's claim, computed: the leader at each size, and where it beat memcpy."""
+    found = winners(record)
+    lead = ", ".join(f"{ipc.fmt_size(s)} {best}" for s, best, _, _ in found)
+    ahead = [f"{best} at {ipc.fmt_size(s)}" for s, best, _, vs in found if vs > 1]
+    return (f"most GB/s between processes, this run: {lead}. Ahead of memcpy: "
+            + (", ".join(ahead) if ahead else "none") + ".")
+
+
 def main(quick: bool = True) -> None:
     copies_figure(HERE / "02_copies.png")
-    record = ipc.run(quick=quick, progress=False)
-    ipc.plot(record, str(HERE / "02_ipc_reference.png"), title="reference machine")
+    with LoadMeter() as load:
+        record = ipc.run(quick=quick, progress=False)
+    text = f"{caption(record)} {load.describe(what='the order of the transports')}"
+    ipc.plot(record, str(HERE / "02_ipc_reference.png"), title=load.title("reference machine"),
+             caption=text)
+    print(text)
     print("wrote", HERE / "02_copies.png", HERE / "02_ipc_reference.png")
 
 

@@ -21,6 +21,7 @@ import mmap
 import os
 import statistics
 import time
+from textwrap import fill
 from typing import Any
 
 import numpy as np
@@ -281,8 +282,8 @@ def print_report(record: dict) -> None:
                           "copies/byte", "vol cs/MiB", "invol cs/MiB"])
 
 
-def plot(record: dict, path: str, title: str = "this machine") -> None:
-    """Bandwidth over message size, and round-trip latency, as one PNG."""
+def plot(record: dict, path: str, title: str = "this machine", caption: str = "") -> None:
+    """Bandwidth over message size, and round-trip latency, as one PNG; `caption` goes below."""
     import matplotlib
     if matplotlib.get_backend().lower().startswith("qt"):
         matplotlib.use("Agg")
@@ -305,7 +306,10 @@ def plot(record: dict, path: str, title: str = "this machine") -> None:
     right.set_xticks(xs, [r["transport"] for r in lat], rotation=30, fontsize=8)
     right.set(yscale="log", ylabel="microseconds", title=f"{RTT_SIZE} B round trip")
     right.legend(fontsize=8)
-    fig.tight_layout()
+    caption = fill(caption, 150)
+    fig.tight_layout(rect=(0, 0.02 + 0.04 * (caption.count("\n") + 1), 1, 1) if caption else None)
+    if caption:
+        fig.text(0.01, 0.015, caption, fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
