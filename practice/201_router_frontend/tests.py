@@ -19,7 +19,7 @@ import time
 import zmq
 
 from minivllm.judge import procfs
-from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, step, test
 from minivllm.judge.polls import PollLog
 from minivllm.utils.zmq import IpcDir
 
@@ -312,7 +312,9 @@ def _ready_one_by_one(fe, engines, order):
             "add_request('to-2', engine=2), 'to-0', 'to-1'; wait_ready(0.5) again", timeout=30)
 def waits_for_every_engine(impl):
     with Bench(impl, 3, [None, None, None]) as b:
+        step("wait_ready(0.2) while engines 2, 1, 0 say READY one at a time, then wait_ready()")
         ready = _ready_one_by_one(b.fe, b.engines, (2, 1, 0))
+        step("add_request('to-2', engine=2), then 'to-0' and 'to-1', once wait_ready() returned")
         routed = [b.fe.add_request(f"to-{r}", b"prompt", engine=r) for r in (2, 0, 1)]
         for e in b.engines:
             e.wait_for(1)
@@ -323,7 +325,9 @@ def waits_for_every_engine(impl):
                            "engine has sent READY.", expected=[f"to-{e.rank}"], got=e.requests)
         check_equal(routed, [2, 0, 1], "add_request(..., engine=r) return values")
         check_equal(ready, [0, 1, 2], "wait_ready() (the ranks sorted, whatever the order of "
-                    "their READYs: 2, 1, 0 here)")
+                    "their READYs: 2, 1, 0 here)", input="wait_ready() once engines 2, 1, 0 "
+                    "said READY one at a time")
+        step("wait_ready(0.5) again, every engine having said READY once, before")
         try:
             again = b.fe.wait_ready(0.5)
         except TimeoutError as e:
@@ -365,15 +369,18 @@ def gathers_outputs(impl):
             prompt = f"prompt number {i}".encode()
             rank = b.fe.add_request(f"q{i}", prompt)
             expected.append((f"q{i}", rank, prompt[::-1]))
+        step("get_outputs(9, 5) after 9 requests to 3 ready engines")
         outputs = b.fe.get_outputs(9, 5)
         check_equal(sorted(outputs), sorted(expected),
                     "the outputs (request_id, rank, output), sorted")
+        step("get_outputs(0, 0.3)")
         try:
             none = b.fe.get_outputs(0, 0.3)
         except TimeoutError as e:
             raise Fail("get_outputs(0, ...) must return [] at once: check the count before "
                        "waiting for an output", got=f"TimeoutError: {e}") from None
         check_equal(none, [], "get_outputs(0, 0.3)")
+        step("get_outputs(1, 0.3) with no output pending")
         try:
             extra = b.fe.get_outputs(1, 0.3)
         except TimeoutError:
@@ -384,6 +391,7 @@ def gathers_outputs(impl):
 
 def _check_short_timeout(fe):
     """A third output, sent right after the two just taken: get_outputs(1, 0.9) returns it."""
+    step("get_outputs(1, 0.9) with the third output there")
     try:
         got = fe.get_outputs(1, 0.9)
     except TimeoutError as e:
@@ -407,6 +415,7 @@ def outputs_name_a_wide_rank(impl):
             push.send_multipart([b"\x02\x01", b"w1", b"out1"])
             push.send_multipart([ID[1], b"w2", b"out2"])
             push.send_multipart([ID[1], b"w3", b"out3"])  # there by the time w2 is taken
+            step(f"get_outputs(2, {WAIT_S:g}) with outputs of engines 258 and 1 sent")
             try:
                 got = fe.get_outputs(2, WAIT_S)
             except TimeoutError as e:
@@ -471,6 +480,7 @@ def waits_count_in_total(impl):
         polls.fail_if_past(asked, f"wait_ready({asked:.2g})", "message")
     with Bench(impl, 1, [0]) as b:
         b.fe.wait_ready(START_S)
+        step(f"get_outputs(5, {asked:.2g}) with outputs coming 0.3, 0.6, 0.9, 3.0 and 3.3 s in")
         stop = threading.Event()
         times = [t * S for t in TRICKLE_AT]
         pusher = threading.Thread(target=_trickle_outputs, args=(b.d, times, stop))
