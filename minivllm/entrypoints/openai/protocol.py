@@ -15,7 +15,7 @@ vllm/entrypoints/serve/engine/protocol.py (ErrorInfo).
 from __future__ import annotations
 
 import time
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,15 +47,28 @@ class ChatMessage(OpenAIBaseModel):
         return self.content or ""
 
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+Bias = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class SamplingFields(OpenAIBaseModel):
-    """The fields both endpoints share."""
+    """The fields both endpoints share. The ranges are vLLM's (SamplingParams._verify_args in
+    vllm/sampling_params.py); a NaN or infinity is refused as not finite. top_k has no upper
+    bound but int64: one at or above the vocabulary keeps every token, as vLLM clamps it
+    (InputBatch.add_request, vllm/v1/worker/gpu_input_batch.py)."""
 
     model: str | None = None
+    user: str | None = None  # OpenAI's end-user id: accepted, not used
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # vLLM's extension
-    seed: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)  # vLLM's extension
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)  # vLLM's
+    logit_bias: dict[str, Bias] | None = None  # token id (as text) -> bias, clamped to ±100
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)  # vLLM's extension
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: the benchmark's fixed output lengths
@@ -76,8 +89,8 @@ class SamplingFields(OpenAIBaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI, still honoured
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)  # deprecated, still honoured
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = None
 
@@ -87,7 +100,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)  # OpenAI's default
     logprobs: int | None = None  # the sampled token's logprob and this many top ones
     echo: bool = False  # the prompt's text before the completion's
 

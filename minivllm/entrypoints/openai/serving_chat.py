@@ -28,6 +28,7 @@ from minivllm.entrypoints.openai.logprobs import chat_logprobs, check_num_logpro
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionChoice, ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
     ChatCompletionStreamChoice, ChatCompletionStreamResponse, DeltaMessage, ResponseMessage)
+from minivllm.entrypoints.openai.request_checks import UNSUPPORTED_CHAT
 from minivllm.entrypoints.openai.serving_engine import (
     SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason,
     random_id, sse)
@@ -35,6 +36,8 @@ from minivllm.utils import tracing
 
 
 class OpenAIServingChat(OpenAIServing):
+    unsupported = UNSUPPORTED_CHAT
+
     def prepare(self, request: ChatCompletionRequest) -> tuple[str, list[int], int, int | None]:
         model = self.check_request(request)
         num_logprobs = self.check_logprobs(request)
@@ -46,8 +49,9 @@ class OpenAIServingChat(OpenAIServing):
             except Exception as e:  # a template that rejects the conversation (jinja2 error)
                 raise OpenAIError(f"the chat template rejected the messages: {e}",
                                   param="messages") from e
-            token_ids = self.tokenizer.encode(prompt)
-        max_tokens = self.check_prompt(token_ids, request.requested_max_tokens())
+            token_ids = self.encode(prompt)
+        max_tokens = self.check_prompt(token_ids, request.requested_max_tokens(),
+                                       min_tokens=request.min_tokens)
         return model, token_ids, max_tokens, num_logprobs
 
     def check_logprobs(self, request: ChatCompletionRequest) -> int | None:

@@ -21,6 +21,7 @@ from minivllm.entrypoints.openai.logprobs import (check_num_logprobs, completion
                                                   first_answer)
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
+from minivllm.entrypoints.openai.request_checks import UNSUPPORTED_COMPLETION, check_prompt_count
 from minivllm.entrypoints.openai.serving_engine import (
     SSE_DONE, OpenAIError, OpenAIServing, UsageCounter, collect_final, openai_finish_reason,
     random_id, sse)
@@ -40,19 +41,22 @@ class Prepared:
 
 
 class OpenAIServingCompletion(OpenAIServing):
+    unsupported = UNSUPPORTED_COMPLETION
+
     def prepare(self, request: CompletionRequest) -> Prepared:
         model = self.check_request(request)
+        check_prompt_count(len(request.prompts()))
         num_logprobs = check_num_logprobs(request.logprobs, self.vocab_size, "logprobs")
         prompts: list[list[int]] = []
         with tracing.span("tokenize"):
             for p in request.prompts():
                 if isinstance(p, str):
                     self.check_text_length(len(p))
-                prompts.append(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
+                prompts.append(self.encode(p) if isinstance(p, str) else list(p))
         if not prompts:
             raise OpenAIError("the prompt list is empty", param="prompt")
-        max_tokens = [self.check_prompt(ids, request.requested_max_tokens(), "prompt")
-                      for ids in prompts]
+        max_tokens = [self.check_prompt(ids, request.requested_max_tokens(), "prompt",
+                                        request.min_tokens) for ids in prompts]
         texts = [p if isinstance(p, str) else self.tokenizer.decode(p, False)
                  for p in request.prompts()] if request.echo else []
         return Prepared(model, prompts, max_tokens, num_logprobs, texts)

@@ -26,39 +26,13 @@ import numpy as np
 import pydantic
 
 from minivllm.engine.output_processor import CompletionOutput, RequestOutput
+from minivllm.entrypoints.openai.errors import OpenAIError
 from minivllm.entrypoints.openai.metrics import ServerMetrics
-from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, SamplingFields,
-                                                  UsageInfo, to_json)
+from minivllm.entrypoints.openai.protocol import SamplingFields, UsageInfo, to_json
+from minivllm.entrypoints.openai.request_checks import (check_min_tokens, check_unsupported,
+                                                        logit_bias_ids, openai_wording)
 from minivllm.sampling_params import SEED_MAX, SamplingParams
 from minivllm.utils import tracing
-
-
-class OpenAIError(Exception):
-    """An error the server answers with OpenAI's error body."""
-
-    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
-                 err_type: str = "BadRequestError", param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.err_type, self.param = status, err_type, param
-
-    def error_response(self) -> ErrorResponse:
-        return ErrorResponse(ErrorInfo(str(self), self.err_type, self.param, int(self.status)))
-
-    def body(self) -> bytes:
-        return to_json(self.error_response())
-
-    @classmethod
-    def from_exception(cls, exc: BaseException) -> "OpenAIError":
-        from minivllm.engine.exceptions import EngineDeadError
-        if isinstance(exc, OpenAIError):
-            return exc
-        if isinstance(exc, EngineDeadError):
-            return cls(f"the engine is dead: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR,
-                       "InternalServerError")
-        if isinstance(exc, (ValueError, TypeError, OverflowError)):
-            return cls(str(exc))
-        return cls(f"{type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR,
-                   "InternalServerError")
 
 
 def validation_error(exc: pydantic.ValidationError) -> OpenAIError:
@@ -68,8 +42,10 @@ def validation_error(exc: pydantic.ValidationError) -> OpenAIError:
     param = ".".join(str(p) for p in first.get("loc", ())) or None
     if first.get("type") == "json_invalid":
         return OpenAIError(f"the body is not valid JSON: {first.get('msg')}", param=None)
-    parts = [f"{'.'.join(map(str, e.get('loc', ()))) or 'body'}: {e.get('msg')}"
-             for e in errors[:3]]
+    if len(errors) == 1 and (message := openai_wording(first)):  # OpenAI's own words
+        return OpenAIError(message, param=param)
+    parts = [openai_wording(e) or f"{'.'.join(map(str, e.get('loc', ()))) or 'body'}: "
+             f"{e.get('msg')}" for e in errors[:3]]
     return OpenAIError(f"{len(errors)} validation error{'s' * (len(errors) != 1)}: "
                        + "; ".join(parts), param=param)
 
@@ -123,9 +99,14 @@ class UsageCounter:
 
 
 T = TypeVar("T")
+DEFAULT_PARAMS = SamplingParams()
+GIL_FREE_CHARS = 4096  # texts this long are tokenized with the GIL released
 
 
 class OpenAIServing:
+    unsupported: dict[str, tuple] = {}  # fields refused unless they change nothing
+    app_state: Any = None  # the app's state: once `stopping`, no request starts
+
     def __init__(self, engine: Any, served_model_names: list[str], metrics: ServerMetrics,
                  executor: ThreadPoolExecutor) -> None:
         self.engine = engine  # AsyncLLM
@@ -139,9 +120,13 @@ class OpenAIServing:
     def check_request(self, request: SamplingFields) -> str:
         """The model name to echo back; 404 for a name this server does not serve; 400 for
         fields that contradict each other or the model."""
+        check_unsupported(request.model_extra, self.unsupported)
         if request.stream_options is not None and not request.stream:  # vLLM's same 400
             raise OpenAIError("Stream options can only be defined when `stream=True`.",
                               param="stream_options")
+        if any(not s for s in request.stop_list()):  # vLLM's _verify_args
+            raise OpenAIError("stop cannot contain an empty string.", param="stop")
+        logit_bias_ids(request.logit_bias, self.vocab_size)  # its 400 before any work
         bad = [t for t in request.stop_token_ids or () if not 0 <= t < self.vocab_size]
         if bad:
             raise OpenAIError(f"stop_token_ids must be token ids in [0, {self.vocab_size}) "
@@ -161,6 +146,14 @@ class OpenAIServing:
         """fn(*args) on the tokenizing thread; the event loop serves everyone meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
+    def encode(self, text: str) -> list[int]:
+        """The text's token ids. tokenizers' encode holds the GIL for its whole run (0.4 s for
+        a 660 KB prompt, during which the event loop waits); encode_batch releases it."""
+        if len(text) < GIL_FREE_CHARS:
+            return self.tokenizer.encode(text)
+        backend = self.tokenizer.backend
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+
     def check_text_length(self, num_chars: int) -> None:
         """400 for a text too long for the context whatever its tokens: no tokenizing needed."""
         max_chars = self.max_model_len * self.tokenizer.max_chars_per_token
@@ -172,7 +165,7 @@ class OpenAIServing:
                 f"Please reduce the length of the input prompt.", param="input_text")
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None,
-                     what: str = "messages") -> int:
+                     what: str = "messages", min_tokens: int = 0) -> int:
         """400 for a prompt the context cannot hold or a max_tokens above the context; returns
         max_tokens clamped to the room the prompt leaves, as vLLM's get_max_tokens does."""
         n = len(token_ids)
@@ -189,26 +182,41 @@ class OpenAIServing:
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise OpenAIError(f"token ids must be in [0, {self.vocab_size})", param="prompt")
         room = self.max_model_len - n
-        return room if max_tokens is None else min(max_tokens, room)
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
+        check_min_tokens(min_tokens, max_tokens)
+        return max_tokens
 
-    @staticmethod
-    def sampling_params(request: SamplingFields, max_tokens: int, choice: int,
+    def sampling_params(self, request: SamplingFields, max_tokens: int, choice: int,
                         logprobs: int | None = None) -> SamplingParams:
-        """Choice i of n gets seed + i, so seeded choices are repeatable and still differ."""
+        """Choice i of n gets seed + i, so seeded choices are repeatable and still differ.
+        A top_k at or above the vocabulary is the vocabulary (vLLM: InputBatch.add_request)."""
         seed = request.seed
         if seed is not None and seed != -1 and choice:  # -1: vLLM's "no seed"
             seed = seed + choice if seed + choice <= SEED_MAX else seed - choice
         return SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=request.top_k or 0, seed=seed, max_tokens=max_tokens,
+            top_k=min(request.top_k or 0, self.vocab_size), seed=seed, max_tokens=max_tokens,
             stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
-            ignore_eos=request.ignore_eos, logprobs=logprobs)
+            ignore_eos=request.ignore_eos, logprobs=logprobs, **self.penalties(request))
+
+    def penalties(self, request: SamplingFields) -> dict[str, Any]:
+        """The penalties, logit_bias and min_tokens; left out where they change nothing."""
+        given = {"presence_penalty": request.presence_penalty or 0.0,
+                 "frequency_penalty": request.frequency_penalty or 0.0,
+                 "repetition_penalty": request.repetition_penalty or 1.0,
+                 "logit_bias": logit_bias_ids(request.logit_bias, self.vocab_size) or None,
+                 "min_tokens": request.min_tokens}
+        return {name: value for name, value in given.items()
+                if value != getattr(DEFAULT_PARAMS, name)}
 
     async def generate(self, token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncGenerator[RequestOutput, None]:
         """AsyncLLM.generate, timed and counted for /metrics: TTFT, ITL, e2e, tokens as they
         come, and how the request ended (a consumer that leaves early: "abort")."""
+        if self.app_state is not None and self.app_state.stopping:
+            from minivllm.entrypoints.openai.http_server import stop_error
+            raise stop_error()
         start = last = time.perf_counter()
         prompt = np.asarray(token_ids, dtype=np.int32)
         num_prev, reason = 0, "abort"
