@@ -16,7 +16,9 @@ Who removes what:
     launch()'s parent      a child's <pid> folder once the child is gone (utils/mp.py)
     the owner              the whole folder at exit
     any process at exit    the whole folder, if the owner is dead: it was killed
-    a new owner            the folders of dead owners (its prefix, its user) when it makes its own
+    a new owner            the folders of dead owners (its prefix, its user) when it makes its own;
+                           an owner pid alive but started after its folder last changed is a
+                           reused pid, and its owner dead
     a terminated owner     its children and folders, from its SIGTERM handler (utils/owner_exit.py)
 """
 
@@ -34,6 +36,7 @@ import psutil
 from minivllm.utils.resource_names import private_dir, resource_prefix
 
 RUN_DIR_ENV = "MINIVLLM_RUN_DIR"
+CLOCK_SLACK_S = 2.0  # a process's start time is known to about a second (boot time's rounding)
 _OWNER = re.compile(r"-run(\d+)-[^/]*$")
 _cleanup_registered_in: int | None = None  # the pid whose exit removes its folders
 _known_dead: set[int] = set()  # told by utils/mp: the parent's death pipe closed
@@ -66,7 +69,7 @@ def _sweep_dead_owners() -> None:
             mine = os.stat(path).st_uid == os.getuid()
         except OSError:
             continue
-        if mine and owner is not None and not _pid_alive(owner):
+        if mine and owner is not None and not _owner_alive(owner, path):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -105,6 +108,20 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _owner_alive(pid: int, path: str) -> bool:
+    """Whether process pid is alive and is the one that made `path`: a pid the kernel gave to
+    a new process after the owner died belongs to a process started after the folder last
+    changed (its owner made it, so had started before)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        return psutil.Process(pid).create_time() <= os.stat(path).st_ctime + CLOCK_SLACK_S
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):  # unknown: keep the folder
+        return True
+
+
 def _register_cleanup() -> None:
     """Run remove_at_exit when this process exits: multiprocessing's exit hook runs in the main
     process (atexit) and in its children (which skip atexit); a forked child registers again.
@@ -124,7 +141,7 @@ def remove_at_exit() -> None:
     if not path or not os.path.isdir(path):
         return
     owner = owner_pid(path)
-    if owner == os.getpid() or (owner is not None and not _pid_alive(owner)):
+    if owner == os.getpid() or (owner is not None and not _owner_alive(owner, path)):
         shutil.rmtree(path, ignore_errors=True)
     else:
         remove_process_dir(os.getpid())

@@ -15,9 +15,11 @@ Three behaviours come from vLLM:
   watchdog_loop and terminate_if_errored, vllm/entrypoints/launchers/launcher.py (watchdog_loop));
   streams in flight end with an error event.
 
-A body is read up to MAX_BODY_BYTES and refused with 413 beyond it (vLLM sets no limit; a
-server that holds whatever it is sent can be made to hold gigabytes). The body is parsed and
-tokenized on a worker thread, so the event loop keeps streaming meanwhile.
+A body is read up to 32 MiB (MINIVLLM_MAX_BODY_BYTES) and refused with 413 beyond it (vLLM
+sets no limit; a server that holds whatever it is sent can be made to hold gigabytes). The body
+is parsed and tokenized on a worker thread, so the event loop keeps streaming meanwhile.
+uvicorn, the watchdog and the clean stop are in http_server.py; the limits on a request's head
+and on idle connections in http_limits.py.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import signal
-import socket
+import hashlib
+import os
+import secrets
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import pydantic
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -46,16 +48,20 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
                                                   ModelCard, ModelList, to_json)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.http_server import (  # noqa: F401 - serve.py's imports
+    create_server_socket, serve_http, stop_error, watch_engine)
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, validation_error
 from minivllm.utils import tracing
+from minivllm.utils.byte_sizes import parse_bytes
 
-WATCHDOG_INTERVAL_S = 0.5  # how often the server checks that the engine is alive (vLLM: 5 s)
-DEATH_GRACE_S = 1.0  # after the engine dies: /health says 503, streams get their error event
-GRACEFUL_SHUTDOWN_S = 3  # open connections get this long to finish once the server exits
 JSON = "application/json"
 # The largest body accepted: far above any prompt the context can hold (a few hundred kB of
 # text at 8k tokens), small enough that a flood of such bodies cannot exhaust memory.
+# MINIVLLM_MAX_BODY_BYTES (a size such as 64M) sets another.
+MAX_BODY_ENV = "MINIVLLM_MAX_BODY_BYTES"
 MAX_BODY_BYTES = 32 << 20
+BODY_TIMEOUT_ENV = "MINIVLLM_HTTP_BODY_TIMEOUT_S"
+BODY_IDLE_TIMEOUT_S = 30.0  # a body that stops arriving this long: 408 (or BODY_TIMEOUT_ENV)
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -73,22 +79,43 @@ def return_big_buffers_to_the_os() -> None:
             pass
 
 
-async def read_body(raw: Request) -> bytes:
-    """The body, or 413 as soon as it is known to exceed MAX_BODY_BYTES (by its Content-Length,
-    or while it arrives)."""
+def max_body_bytes() -> int:
+    value = os.environ.get(MAX_BODY_ENV)
+    return parse_bytes(value) if value else MAX_BODY_BYTES
+
+
+def body_idle_timeout_s() -> float:
+    try:
+        return float(os.environ.get(BODY_TIMEOUT_ENV, BODY_IDLE_TIMEOUT_S))
+    except ValueError:
+        return BODY_IDLE_TIMEOUT_S
+
+
+async def read_body(raw: Request, limit: int, idle_timeout: float) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` (by its Content-Length, or
+    while it arrives); 408 if it stops arriving for `idle_timeout` seconds."""
     declared = raw.headers.get("content-length", "")
     size = int(declared) if declared.isdigit() else 0
     chunks: list[bytes] = []
-    if size <= MAX_BODY_BYTES:
-        async for chunk in raw.stream():
+    if size <= limit:
+        stream = raw.stream()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(stream.__anext__(), idle_timeout)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise OpenAIError(f"the request body stopped arriving for "
+                                  f"{idle_timeout:g} s", HTTPStatus.REQUEST_TIMEOUT,
+                                  "RequestTimeoutError") from None
             size += len(chunk) * (not declared.isdigit())
-            if size > MAX_BODY_BYTES:
+            if size > limit:
                 break
             chunks.append(chunk)
-    if size > MAX_BODY_BYTES:
+    if size > limit:
         raise OpenAIError(f"the request body is {'at least ' * (not declared.isdigit())}"
-                          f"{size} bytes, more than this server's limit of {MAX_BODY_BYTES} "
-                          f"bytes; send a shorter prompt or split the batch",
+                          f"{size} bytes, more than this server's limit of {limit} "
+                          f"bytes ({MAX_BODY_ENV}); send a shorter prompt or split the batch",
                           HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "RequestEntityTooLargeError")
     return b"".join(chunks)
 
@@ -118,16 +145,25 @@ async def with_cancellation(work: Awaitable[Any], request: Request) -> tuple[boo
 
 
 class ApiKeyMiddleware:
-    """401 on /v1 without `Authorization: Bearer <key>` (vLLM: AuthenticationMiddleware,
-    vllm/entrypoints/serve/middleware/authenticate.py (AuthenticationMiddleware.__call__), which answers {"error":
-    "Unauthorized"}; here the body is OpenAI's error object, which the openai client reads)."""
+    """401 on /v1 without `Authorization: Bearer <key>`, checked as vLLM's
+    AuthenticationMiddleware does (vllm/entrypoints/serve/middleware/authenticate.py:28-62):
+    the scheme in any case, the first Authorization header, the key's SHA-256 compared in
+    constant time (secrets.compare_digest), OPTIONS (a CORS preflight) let through. vLLM answers
+    {"error": "Unauthorized"}; here the body is OpenAI's error object, which the openai client
+    reads."""
 
     def __init__(self, app: Callable, api_key: str) -> None:
-        self.app, self.expected = app, b"Bearer " + api_key.encode()
+        self.app, self.expected = app, hashlib.sha256(api_key.encode()).digest()
+
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        value = next((v for k, v in headers if k == b"authorization"), b"")
+        scheme, _, key = value.partition(b" ")
+        digest = hashlib.sha256(key).digest()
+        return secrets.compare_digest(digest, self.expected) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if (scope["type"] == "http" and scope["path"].startswith("/v1")
-                and dict(scope["headers"]).get(b"authorization") != self.expected):
+        if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
+                and scope["path"].startswith("/v1") and not self.authorized(scope["headers"])):
             err = OpenAIError("Invalid or missing API key: send `Authorization: Bearer <key>`",
                               HTTPStatus.UNAUTHORIZED, "AuthenticationError")
             await Response(err.body(), 401, media_type=JSON)(scope, receive, send)
@@ -168,14 +204,18 @@ def build_app(engine: Any, served_model_names: list[str], api_key: str | None = 
     chat = OpenAIServingChat(engine, served_model_names, metrics, executor)
     completion = OpenAIServingCompletion(engine, served_model_names, metrics, executor)
     app = FastAPI(title="minivllm", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.stopping = engine, metrics, False
+    chat.app_state = completion.app_state = app.state  # they refuse new work once stopping
+    body_limit, body_timeout = max_body_bytes(), body_idle_timeout_s()
     app.add_exception_handler(HTTPException, http_error)
 
     async def openai_endpoint(raw: Request, model: type[pydantic.BaseModel],
                               create: Callable[[Any], Awaitable[Any]]) -> Response:
         try:
+            if app.state.stopping:
+                raise stop_error()
             check_json_media_type(raw)
-            body = await read_body(raw)
+            body = await read_body(raw, body_limit, body_timeout)
             request = await chat.run_sync(parse_body, model, body)
             del body  # a huge prompt's bytes are not kept while it runs
             finished, result = await with_cancellation(create(request), raw)
@@ -227,62 +267,3 @@ def build_app(engine: Any, served_model_names: list[str], api_key: str | None = 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app
-
-
-class NoSignalServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: after serving it re-raises a captured SIGTERM,
-    which would kill the process before the engine is shut down. run_server installs its own
-    (vLLM does the same: vllm/entrypoints/launchers/launcher.py (NoSignalServer), capture_signals)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def create_server_socket(host: str, port: int) -> socket.socket:
-    """Bind before the engine starts, so a busy port fails in a second, not after loading."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port "
-                      f"or stop what holds it (`ss -ltnp | grep :{port}`)") from e
-    sock.set_inheritable(True)
-    return sock
-
-
-async def watch_engine(server: uvicorn.Server, engine: Any) -> None:
-    while not engine.errored:
-        await asyncio.sleep(WATCHDOG_INTERVAL_S)
-    print(f"minivllm serve: the engine died; the API server exits in {DEATH_GRACE_S:g} s",
-          flush=True)
-    await asyncio.sleep(DEATH_GRACE_S)
-    server.should_exit = True
-
-
-async def serve_http(app: FastAPI, sock: socket.socket, engine: Any,
-                     on_started: Callable[[], None] | None = None) -> int:
-    """Serve on `sock` until SIGINT/SIGTERM or the engine's death; returns the exit code.
-    `on_started` runs once uvicorn accepts connections."""
-    config = uvicorn.Config(app, http="httptools", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off")
-    server = NoSignalServer(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, setattr, server, "should_exit", True)
-    watchdog = asyncio.create_task(watch_engine(server, engine))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not (server.started or serving.done()):
-            await asyncio.sleep(0.01)
-        if server.started and on_started is not None:
-            on_started()
-        await serving
-    finally:
-        watchdog.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-    return 1 if engine.errored else 0

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest, multiprocess)
 
-from minivllm.utils.resource_names import private_dir
+from minivllm.utils.run_dir import run_dir
 
 disable_created_metrics()  # no `_created` timestamp series next to every counter
 # prometheus_client's own variable; read when it is imported, so set it before a process starts.
@@ -42,7 +43,9 @@ def shared_metrics_dir() -> Iterator[str]:
     if user_dir := os.environ.get(MULTIPROC_ENV):
         yield user_dir
         return
-    path = private_dir("metrics")
+    # Inside the run's folder: if the launcher is killed, whoever removes its run folder (its
+    # last child at exit, or the next run's sweep: utils/run_dir.py) removes this one too.
+    path = tempfile.mkdtemp(prefix="metrics-", dir=run_dir())
     os.environ[MULTIPROC_ENV] = path
     try:
         yield path
