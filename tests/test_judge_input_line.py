@@ -1,6 +1,6 @@
 """A failure's `input:` line names the call that failed (a test that makes several calls says
-which with api.step; a crash with no step is named from its traceback; a hang by the last
-step the judge heard), and a pass graded with --file counts in `python judge.py`'s listing."""
+which with api.step; with no step, a crash is named from its traceback and a hang from the
+test's stacks at its time limit), and a pass graded with --file counts in the listing."""
 
 import json
 import os
@@ -49,6 +49,11 @@ def crash_elsewhere_than_the_step(impl):
     impl.second(3)
 
 @test(input="the whole test: first(1), then hang(3)", timeout=2)
+def hang_without_step(impl):
+    impl.first(1)
+    impl.hang(3)
+
+@test(input="the whole test: first(1), then hang(3)", timeout=2)
 def hang_after_step(impl):
     step("first(1)")
     impl.first(1)
@@ -69,6 +74,9 @@ def triple(x):
     return x * 2
 
 def hang(x):
+    return spin()
+
+def spin():
     while True:
         time.sleep(0.01)
 
@@ -109,6 +117,13 @@ def test_a_step_names_the_call_for_a_wrong_result_a_crash_in_it_and_a_hang(input
     assert inputs["fail_after_step"] == "triple(2)"
     assert inputs["crash_in_the_stepped_call"] == "second(7), after the judge set things up"
     assert inputs["hang_after_step"] == "hang(3), a call that never returns"
+
+
+def test_a_hang_with_no_step_is_named_by_the_learners_call_it_was_in(inputs):
+    """The judge asks the test for its stacks before it stops it: the outermost frame of the
+    learner's file (hang, which called spin) is the call that hung."""
+    assert inputs["hang_without_step"] == ("hang(...), still running at line 14 of your file "
+                                          "when the judge stopped the test")
 
 
 CLOSES_CONN = '''

@@ -67,6 +67,15 @@ def current_step() -> str | None:
     return _steps[-1] if _steps else None
 
 
+def failed_input(step: str | None, call: str, whole: str) -> str:
+    """A failure's `input:` line: the call found in the learner's code (the one that raised, or
+    that hung), unless the test's last step names that function (it says more); else the last
+    step; else the test's whole input."""
+    if call and not (step and call.split("(")[0].split(".")[-1] in step):
+        return call
+    return step or whole
+
+
 def call_in_traceback(tb, impl_dir: str) -> str:
     """The call into the learner's code that raised, as `name(arg=value, ...)` from the first
     traceback frame in impl_dir (its arguments as they were when it raised); '' if none."""

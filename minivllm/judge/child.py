@@ -13,6 +13,7 @@ that processes the learner's code spawns can import it by name too.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import importlib.util
 import json
@@ -22,7 +23,7 @@ import sys
 import time
 import traceback
 
-from minivllm.judge import api
+from minivllm.judge import api, hang
 from minivllm.utils.resource_names import name_default_segments
 
 
@@ -55,11 +56,8 @@ def _failed_input(given: str | None, tb, impl_dir: str, spec: api.TestSpec) -> s
     more); else the last step; else the test's whole input."""
     if given is not None:
         return given
-    step = api.current_step()
     call = api.call_in_traceback(tb, impl_dir) if tb is not None else ""
-    if call and not (step and call.split("(")[0].split(".")[-1] in step):
-        return call
-    return step or spec.input
+    return api.failed_input(api.current_step(), call, spec.input)
 
 
 def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
@@ -120,8 +118,10 @@ def serve(fd: int, argv: list[str]) -> int:
     limit = int(os.environ.get("MINIVLLM_JUDGE_MEMORY_MIB", 0)) << 20
     if limit:  # address space, for this process and all it starts
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # each step goes to the judge as it is taken: a hang's input line names the last one
+    # each step goes to the judge as it is taken, and on the judge's signal the stacks: a
+    # hang's input line names the last step, or the learner's call it hung in (judge/hang.py)
     api._step_sink.append(lambda text: os.write(fd, b"step " + json.dumps(text).encode() + b"\n"))
+    faulthandler.register(hang.STACK_SIGNAL, file=open(fd, "w", closefd=False), all_threads=True)
     result = run(tests_path, impl_dir, module_name, test_name,
                  ready=lambda: os.write(fd, b"ready\n"))
     try:

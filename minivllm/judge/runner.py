@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from minivllm.judge import api
+from minivllm.judge import api, hang
 from minivllm.judge.child import load_tests
 from minivllm.judge.exercise import ROOT, Exercise
 from minivllm.judge.zygote import ForkedTest, Zygote
@@ -261,7 +261,7 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     verdict, out = _Tail(verdict_r, 0, verdict=True), _Tail(out_r, OUTPUT_TAIL_BYTES)
     limit = spec.timeout * scale
     try:
-        hung = _wait(proc, verdict, limit)
+        hung, stacks = _wait(proc, verdict, limit)
     except BaseException:  # Ctrl-C or SIGTERM while a test runs: its own session, so kill it
         _kill_group(proc.pid)
         raise
@@ -269,8 +269,9 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
     if hung:
         if hung.startswith("timed out"):
             hung += spec.hang or DEFAULT_HANG
+        call = hang.hung_call(stacks, str(work / f"{ex.module_name}.py"), str(ex.tests))
         return ({"name": spec.name, "status": "fail", "kind": "timeout",
-                 "input": verdict.last_step() or spec.input,
+                 "input": api.failed_input(verdict.last_step(), call, spec.input),
                  "seconds": round(limit, 1), "message": hung}, out)
     try:
         return json.loads(verdict.result_line() or b""), out
@@ -278,8 +279,9 @@ def _run_child(ex: Exercise, spec: api.TestSpec, work: Path, prefix: str,
         return _died(spec, proc.returncode, verdict.last_step()), out
 
 
-def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> str:
-    """Wait for the import, then for the test; kill the group at either limit. "" if in time."""
+def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> tuple[str, bytes]:
+    """Wait for the import, then for the test; kill the group at either limit: (the problem,
+    "" if in time; the test's stacks at its time limit, judge/hang.py)."""
     def exited(timeout: float) -> bool:
         try:
             proc.wait(timeout=timeout)
@@ -289,18 +291,19 @@ def _wait(proc: subprocess.Popen | ForkedTest, verdict: _Tail, limit: float) -> 
     deadline = time.monotonic() + IMPORT_LIMIT_S
     while not verdict.ready.is_set() and time.monotonic() < deadline:
         if exited(0.05):
-            return ""
-    problem = ""
+            return "", b""
+    problem, stacks = "", b""
     if not verdict.ready.is_set():
         problem = (f"importing your module took over {IMPORT_LIMIT_S:g} s; the judge stopped it. "
                    "Code at the top level of your file runs on import: does it wait for something?")
     elif not exited(limit):
         problem = (f"timed out after {limit:.3g} s; the judge stopped it and everything it "
                    "started. ")
+        stacks = hang.ask_for_stacks(proc.pid, verdict)
     if problem:
         _kill_group(proc.pid)
         proc.wait()
-    return problem
+    return problem, stacks
 
 
 def _died(spec: api.TestSpec, code: int, step: str | None = None) -> dict:
