@@ -75,7 +75,8 @@ def list_exercises() -> int:
         need = f"  [needs {', '.join(ex.requires)}]" if ex.requires else ""
         print(f"{ex.number:<4} {ex.chapter:<8} {status:<10} {ex.title}{need}")
     done = sum(progress.get(ex.number) == "passed" for ex in rows)
-    print(f"\n{done} of {len(rows)} passed. Grade one with: python judge.py NNN")
+    print(f"\n{done} of {len(rows)} passed. Grade one with: python judge.py NNN "
+          f"(your answer elsewhere: python judge.py NNN --file my_answer.py)")
     return 0
 
 
