@@ -7,13 +7,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import nbformat
 import psutil
 from nbclient import NotebookClient
 
 from minivllm.utils.resource_names import resource_prefix
-from minivllm.utils.run_dir import RUN_DIR_ENV, run_dir
+from minivllm.utils.run_dir import CLOCK_SLACK_S, RUN_DIR_ENV, _owner_alive, run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_CELL = """
@@ -50,6 +51,23 @@ def test_a_new_owner_sweeps_the_folders_of_dead_owners_and_nothing_else():
     assert os.path.isdir(alive), "the folder of a live owner was removed"
     assert os.path.isdir(other), "a folder of another prefix was removed"
     os.rmdir(alive), os.rmdir(other)
+
+
+def test_an_owner_pid_reused_by_a_later_process_is_a_dead_owner():
+    """A SIGKILLed owner's pid, given by the kernel to a process started after the folder was
+    made, does not keep the folder (the sweep and the exit cleanup ask _owner_alive): that
+    process started after the folder last changed, so it cannot have made it."""
+    folder = tempfile.mkdtemp(prefix=f"{resource_prefix()}-run{os.getpid()}-")
+    time.sleep(CLOCK_SLACK_S + 0.5)  # a process started from now on started after the folder
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _owner_alive(os.getpid(), folder), "the live owner that made it is not alive"
+        assert not _owner_alive(later.pid, folder), "a later process counts as the owner"
+        assert not _owner_alive(dead_pid(), folder)
+    finally:
+        later.kill()
+        later.wait()
+        os.rmdir(folder)
 
 
 def test_a_terminated_owner_stops_its_children_and_removes_its_folder():

@@ -139,6 +139,33 @@ def test_models_health_metrics_and_api_key(server, client):
     assert metric(server, "time_to_first_token_seconds_count") > 0
 
 
+def raw_status(port: int, headers: list[bytes], method: bytes = b"GET") -> int:
+    """The status of a request with exactly these header lines (two of one name, say)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(method + b" /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     + b"".join(h + b"\r\n" for h in headers) + b"\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split()[1])
+
+
+def test_the_api_key_is_checked_as_vllm_checks_it(server):
+    """vLLM's AuthenticationMiddleware: the scheme in any case, the first Authorization header
+    counts, OPTIONS (a CORS preflight) is let through."""
+    key = API_KEY.encode()
+    assert raw_status(server.port, [b"Authorization: bearer " + key]) == 200
+    assert raw_status(server.port, [b"Authorization: BEARER " + key]) == 200
+    assert raw_status(server.port, [b"Authorization: Bearer " + key,
+                                    b"Authorization: Bearer wrong"]) == 200
+    assert raw_status(server.port, [b"Authorization: Bearer wrong",
+                                    b"Authorization: Bearer " + key]) == 401
+    assert raw_status(server.port, [b"Authorization: Basic " + key]) == 401
+    assert raw_status(server.port, [b"Authorization: Bearer " + key + b"x"]) == 401
+    assert raw_status(server.port, [b"Authorization: Bearer"]) == 401
+    assert raw_status(server.port, [], method=b"OPTIONS") != 401
+
+
 def malformed_requests(long_prompt: str) -> list[tuple[str, object, int, str | None]]:
     """(path, body, expected status, expected param): every kind of bad request."""
     chat = "/v1/chat/completions"
@@ -273,10 +300,13 @@ def test_256_concurrent_streams_all_complete(server):
 
 def test_shared_metrics_dir_keeps_the_users_folder_and_removes_only_its_own(tmp_path, monkeypatch):
     from minivllm.entrypoints.openai.metrics import MULTIPROC_ENV, shared_metrics_dir
+    from minivllm.utils.run_dir import run_dir
 
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)
     with shared_metrics_dir() as made:
         assert os.environ[MULTIPROC_ENV] == made and os.path.isdir(made)
+        # in the run's folder: removed with it when a killed launcher's run is swept
+        assert os.path.dirname(made) == run_dir()
     assert not os.path.exists(made) and MULTIPROC_ENV not in os.environ
     mine = tmp_path / "prometheus"
     mine.mkdir()

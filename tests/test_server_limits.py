@@ -1,6 +1,7 @@
 """`minivllm serve` under hostile input: a 20 MB prompt while streams run, bodies over the size
-limit, and the smaller protocol edges (404/405 shapes, a text/plain body, bad stop_token_ids, a
-client that leaves during its upload).
+limit (set by MINIVLLM_MAX_BODY_BYTES), heads over the limit, silent and stalled clients, a
+batch over VLLM_MAX_COMPLETION_PROMPTS, and the smaller protocol edges (404/405 shapes, a
+text/plain body, bad stop_token_ids, a client that leaves during its upload).
 
 One tiny-model server serves the module. No fixed time limit: the stall a 20 MB prompt caused
 (tokenizing it on the event loop) is measured here, by tokenizing a slice of the same text with
@@ -19,8 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from minivllm.entrypoints.openai.api_server import MAX_BODY_BYTES
 from minivllm.entrypoints import serve
+from minivllm.entrypoints.openai.http_limits import MAX_HEAD_BYTES, MAX_HEADERS
 from minivllm.entrypoints.openai.server_process import ServerProcess
 from minivllm.tokenizer import Tokenizer
 
@@ -30,11 +31,15 @@ HUGE_PROMPT_BYTES = 20 << 20
 STALL_SHARE = 0.25  # a gap a quarter of the old stall is no stall; the old code gapped 1.0 of it
 TOKENIZE_SLICE = 16  # the stall is estimated from 1/16 of the prompt (tokenizing is linear)
 RSS_SLACK = 1.10  # the issue's bound: RSS back within 10% of where it was
+MAX_BODY_BYTES = 24 << 20  # set below the default (32 MiB), to show the variable is read
+MAX_PROMPTS = 8
+LIMITS_ENV = {"MINIVLLM_MAX_BODY_BYTES": "24M", "VLLM_MAX_COMPLETION_PROMPTS": str(MAX_PROMPTS),
+              "MINIVLLM_HTTP_HEAD_TIMEOUT_S": "2", "MINIVLLM_HTTP_BODY_TIMEOUT_S": "2"}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    with ServerProcess([tiny_dir, "--served-model-name", "tiny"]) as proc:
+    with ServerProcess([tiny_dir, "--served-model-name", "tiny"], env=LIMITS_ENV) as proc:
         yield proc
 
 
@@ -197,3 +202,86 @@ def test_the_step_budget_flag_reaches_the_engine_and_an_empty_one_is_refused(tin
     assert serve.engine_config(args).max_num_batched_tokens == 64
     with pytest.raises(SystemExit, match="max_num_batched_tokens must be at least 1, got 0"):
         serve.main([tiny_dir, "--max-num-batched-tokens", "0"])
+
+
+def raw_exchange(port: int, data: bytes, wait_s: float = 0.0) -> bytes:
+    """Send `data` on a new connection, wait, then read the answer until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        if data:
+            sock.sendall(data)
+        time.sleep(wait_s)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_of(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def test_a_head_over_the_limits_is_431(server):
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1)
+    status, err = error_of(raw_exchange(server.port, big))
+    assert status == 431 and str(MAX_HEAD_BYTES) in err["message"], err
+    many = b"GET /health HTTP/1.1\r\n" + b"".join(
+        b"X-%d: 1\r\n" % i for i in range(MAX_HEADERS + 1)) + b"\r\n"
+    status, err = error_of(raw_exchange(server.port, many))
+    assert status == 431 and f"{MAX_HEADERS + 1} headers" in err["message"], err
+    ok = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    assert raw_exchange(server.port, ok).startswith(b"HTTP/1.1 200")
+
+
+def test_silent_and_half_sent_heads_are_closed_with_408(server):
+    for data in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):
+        status, err = error_of(raw_exchange(server.port, data))
+        assert status == 408 and "did not arrive within 2 s" in err["message"], err
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_body_that_stops_arriving_is_408(server):
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+    status, err = error_of(raw_exchange(server.port, head))
+    assert status == 408 and "stopped arriving for 2 s" in err["message"], err
+
+
+def test_a_batch_over_the_prompt_cap_is_400_and_one_at_it_runs(server):
+    url = server.url + "/v1/completions"
+    r = httpx.post(url, json={"prompt": ["hi"] * (MAX_PROMPTS + 1), "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "VLLM_MAX_COMPLETION_PROMPTS" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"prompt": ["hi"] * MAX_PROMPTS, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"]) == MAX_PROMPTS, r.text
+
+
+def longest_gap_while(work) -> float:
+    """The longest this thread waited for the GIL (in 1 ms sleeps) while `work` ran in
+    another thread: how long an event loop in this process would have stalled."""
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (work(), done.set()))
+    gaps, last = [0.0], time.perf_counter()
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    return max(gaps)
+
+
+def test_a_long_prompt_is_tokenized_without_holding_the_gil(tiny_dir):
+    """OpenAIServing.encode (off the event loop) releases the GIL: the loop's longest wait is a
+    small part of what the tokenizer's plain encode, which holds it, makes it wait."""
+    from minivllm.entrypoints.openai.serving_engine import OpenAIServing
+    tokenizer = Tokenizer.from_path(tiny_dir)
+    serving = OpenAIServing.__new__(OpenAIServing)
+    serving.tokenizer = tokenizer
+    text = "The capital of France is Paris. " * 40000  # 1.3 MB
+    assert serving.encode(text) == tokenizer.encode(text)
+    held = longest_gap_while(lambda: tokenizer.encode(text))
+    released = longest_gap_while(lambda: serving.encode(text))
+    print(f"longest wait for the GIL: {held:.3f} s holding, {released:.3f} s releasing")
+    assert released < STALL_SHARE * held, (released, held)
