@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import psutil
 
 from minivllm.entrypoints.openai.server_process import ServerProcess
 
@@ -93,3 +94,48 @@ def test_sigterm_under_load_answers_every_request_and_refuses_new_connections(ti
     assert code == 0, log[-3000:]
     assert log.count("stopping;") == 1 and "Traceback" not in log, log[-3000:]
     assert "SIGTERM received" in log, log[-3000:]
+
+
+def test_an_api_server_dying_at_dp_2_leaves_the_others_requests_answered(tiny_dir):
+    """kill -9 of one of two API servers: the launcher stops the other, whose requests all
+    get OpenAI answers; those the dead one held end with the connection (nothing can answer
+    them)."""
+    server = ServerProcess([tiny_dir, "-dp", "2"])
+    try:
+        deadline = time.monotonic() + 60
+        while "processes:" not in server.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        api = [p for p in psutil.Process(server.pid).children(recursive=True)
+               if "APIServer" in " ".join(p.cmdline())]
+        assert len(api) == 2, [p.cmdline() for p in api]
+        streams = [[] for _ in range(2 * STREAMS)]
+        wholes = [[] for _ in range(2 * WHOLE)]
+        threads = ([threading.Thread(target=read_stream, args=(server.url, s)) for s in streams]
+                   + [threading.Thread(target=read_whole, args=(server.url, w)) for w in wholes])
+        for t in threads:
+            t.start()
+        while min(map(len, streams)) < 4 and time.monotonic() < deadline + 60:
+            time.sleep(0.02)
+        api[0].kill()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a request was left waiting"
+        code = server.wait(30)
+    finally:
+        server.stop()
+        log = server.output()
+        server.log.close()
+    answered = 0
+    for events in streams:
+        if events[-1].startswith("client error"):
+            continue  # held by the killed server
+        answered += 1
+        assert events[-1] == "[DONE]" and "shutting down" in events[-2], events[-3:]
+    for (result,) in wholes:
+        if isinstance(result, str):
+            continue
+        answered += 1
+        status, media, text = result
+        assert (status, media) == (503, "application/json"), text[:300]
+    assert answered > 0, "no request reached the surviving API server"
+    assert code == 1 and log.count("stopping;") == 1, log[-3000:]
