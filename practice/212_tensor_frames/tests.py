@@ -341,6 +341,8 @@ def _crafted(impl) -> list[tuple[str, list]]:
         ("out of band, frame 1 missing", [bytes(big[0])]),
         ("out of band, frame index 5 of 2", [enc(msgspec.msgpack.Ext(
             impl.EXT_OOB, enc(["<i8", [100], 5]))), bytes(800)]),
+        ("out of band, frame index 2 of 2 (one past the last)", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<i8", [100], 2]))), bytes(800)]),
         ("out of band, frame index 0 (the body), a shape that fits the body", _body_as_frame()),
         ("out of band, frame index -1 (the last frame)", [enc(msgspec.msgpack.Ext(
             impl.EXT_OOB, enc(["<i8", [100], -1]))), bytes(800)]),
@@ -350,6 +352,8 @@ def _crafted(impl) -> list[tuple[str, list]]:
          [enc(msgspec.msgpack.Ext(impl.EXT_INLINE, inline + bytes(4)))]),
         ("negative shape", [enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i8", [-100], 1]))),
                             bytes(800)]),
+        ("negative shape [-10, -10], whose product fits the 800 bytes", [enc(msgspec.msgpack.Ext(
+            impl.EXT_OOB, enc(["<i8", [-10, -10], 1]))), bytes(800)]),
         ("shape [-1] (numpy would infer it)", [enc(msgspec.msgpack.Ext(
             impl.EXT_OOB, enc(["<i8", [-1], 1]))), bytes(800)]),
         ("datetime dtype '<M8[s]'", [enc(msgspec.msgpack.Ext(
@@ -368,7 +372,8 @@ def _crafted(impl) -> list[tuple[str, list]]:
 
 # What the DecodeError of a crafted message must name, so that its reader knows what was wrong.
 NAMED = {"unknown ext code 9": "9", "out of band, frame index 5 of 2": "5",
-         "negative shape": "-100",
+         "out of band, frame index 2 of 2 (one past the last)": "2",
+         "negative shape": "-100", "negative shape [-10, -10], whose product fits the 800 bytes": "-10",
          "out of band, 808 bytes for 100 x <i8 (one element too many)": "100"}
 
 
