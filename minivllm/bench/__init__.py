@@ -14,5 +14,6 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "offline decode tokens per second of the engine",
     "overhead": "decode steps in process vs through the engine core process (chapter 07)",
     "serve": "a load test of `minivllm serve` next to the in-process engine (chapter 09)",
+    "echo": "what a long prompt's logprobs (echo) cost another stream's inter-token latency",
     "nodes": "remote vs local ring readers, TP=3 over 3 namespace hosts vs one (chapter 10)",
 }

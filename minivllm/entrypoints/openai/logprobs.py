@@ -5,7 +5,8 @@ The engine sends, per sampled token, the sampled token's logprob and rank and th
 each position's sampled token plus the top `logprobs` (up to logprobs + 1 entries, OpenAI's
 convention); chat shows the first `top_logprobs` of the same list, the sampled token first.
 Logprobs of -inf are written as -9999.0, as OpenAI and vLLM do. Echoed prompt tokens get their
-logprobs from one pass over the prompt (Worker.prompt_logprobs); the first has none. In vLLM:
+logprobs from the engine, computed chunk by chunk during the prefill
+(SamplingParams.prompt_logprobs); the first has none. In vLLM:
 _create_completion_logprobs, vllm/entrypoints/openai/completion/serving.py (OpenAIServingCompletion._create_completion_logprobs);
 _create_chat_logprobs, vllm/entrypoints/openai/chat_completion/serving.py (OpenAIServingChat._create_chat_logprobs); the limits,
 vllm/sampling_params.py (SamplingParams._validate_logprobs) and
@@ -14,7 +15,6 @@ vllm/entrypoints/openai/chat_completion/protocol.py (ChatCompletionRequest.check
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
@@ -83,8 +83,3 @@ def check_num_logprobs(num: int | None, vocab_size: int, param: str) -> int | No
         raise OpenAIError(f"Requested sample logprobs of {wanted}, which is greater than max "
                           f"allowed: {MAX_LOGPROBS}", param="logprobs")
     return wanted
-
-
-def first_answer(results: list[Any]) -> Any:
-    """The output rank's answer to a collective_rpc: the other ranks answer None."""
-    return next(r for r in results if r is not None)

@@ -11,14 +11,13 @@ vllm/entrypoints/openai/completion/serving.py.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncGenerator, AsyncIterator
 
 from msgspec import UNSET
 
-from minivllm.engine.output_processor import CompletionOutput, RequestOutput, TokenLogprobs
-from minivllm.entrypoints.openai.logprobs import (check_num_logprobs, completion_logprobs,
-                                                  first_answer)
+from minivllm.engine.output_processor import RequestOutput
+from minivllm.entrypoints.openai.logprobs import check_num_logprobs, completion_logprobs
 from minivllm.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                   CompletionResponse)
 from minivllm.entrypoints.openai.request_checks import UNSUPPORTED_COMPLETION, check_prompt_count
@@ -37,7 +36,6 @@ class Prepared:
     max_tokens: list[int]
     num_logprobs: int | None
     texts: list[str]  # with echo: each prompt's text
-    prompt_logprobs: list[list[TokenLogprobs | None]] = field(default_factory=list)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -64,27 +62,21 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest
                                 ) -> CompletionResponse | AsyncGenerator[bytes, None]:
         prep = await self.run_sync(self.prepare, request)
-        if request.echo and prep.num_logprobs is not None:
-            prep.prompt_logprobs = [await self.score_prompt(ids, prep.num_logprobs)
-                                    for ids in prep.prompts]
         request_id = random_id("cmpl")
+        # echo with logprobs: the engine scores the prompt chunk by chunk during its prefill
         results = self.fan_out(prep.prompts, request, prep.max_tokens, request_id,
-                               prep.num_logprobs)
+                               prep.num_logprobs, prep.num_logprobs if request.echo else None)
         counter = UsageCounter(list(map(len, prep.prompts)), request.n)
         if request.stream:
             return self.stream(request, results, request_id, prep, counter)
         return await self.full(request, results, request_id, prep, counter)
 
-    async def score_prompt(self, token_ids: list[int], num: int) -> list[TokenLogprobs | None]:
-        """Each prompt token's logprobs, from one pass of the model over the prompt."""
-        answers = await self.engine.collective_rpc("prompt_logprobs", (token_ids, num))
-        return [None if lp is None else tuple(lp) for lp in first_answer(answers)]
-
-    def choice(self, request: CompletionRequest, prep: Prepared, i: int, c: CompletionOutput,
+    def choice(self, request: CompletionRequest, prep: Prepared, i: int, out: RequestOutput,
                sent_chars: int, sent_tokens: int, finish: str | None) -> CompletionChoice:
         """Choice i's text and logprobs from what was sent so far on: all of it for a whole
-        response (sent 0), the new part for a stream; with echo, the prompt comes first."""
-        prompt = i // request.n
+        response (sent 0), the new part for a stream; with echo, the prompt comes first (its
+        logprobs all arrived during the prefill, before the first sampled token)."""
+        prompt, c = i // request.n, out.outputs[0]
         echo = request.echo and sent_chars == 0 and sent_tokens == 0
         text = (prep.texts[prompt] if echo else "") + c.text[sent_chars:]
         logprobs = None
@@ -92,7 +84,7 @@ class OpenAIServingCompletion(OpenAIServing):
             ids, lps = c.token_ids[sent_tokens:], c.logprobs[sent_tokens:]
             offset = sent_chars + (len(prep.texts[prompt]) if request.echo and not echo else 0)
             if echo:
-                ids, lps = prep.prompts[prompt] + ids, prep.prompt_logprobs[prompt] + lps
+                ids, lps = prep.prompts[prompt] + ids, list(out.prompt_logprobs) + lps
             logprobs = completion_logprobs(self.token_namer(request), ids, lps, prep.num_logprobs,
                                            offset)
         return CompletionChoice(i, text, finish, logprobs)
@@ -101,7 +93,7 @@ class OpenAIServingCompletion(OpenAIServing):
                    results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
                    prep: Prepared, counter: UsageCounter) -> CompletionResponse:
         final = await collect_final(results)
-        choices = [self.choice(request, prep, i, final[i].outputs[0], 0, 0,
+        choices = [self.choice(request, prep, i, final[i], 0, 0,
                                openai_finish_reason(final[i].outputs[0])) for i in sorted(final)]
         for i, out in final.items():
             counter.update(i, len(out.outputs[0].token_ids))
@@ -121,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 counter.update(i, len(c.token_ids))
                 finish = openai_finish_reason(c) if out.finished else None
                 if len(c.text) > sent[i] or finish is not None:
-                    choice = self.choice(request, prep, i, c, sent[i], sent_tokens[i], finish)
+                    choice = self.choice(request, prep, i, out, sent[i], sent_tokens[i], finish)
                     sent[i], sent_tokens[i] = len(c.text), len(c.token_ids)
                     yield sse(CompletionResponse(request_id, prep.model, created, [choice],
                                                  counter.choice(i) if continuous else UNSET))

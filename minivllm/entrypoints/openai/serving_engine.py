@@ -187,7 +187,8 @@ class OpenAIServing:
         return max_tokens
 
     def sampling_params(self, request: SamplingFields, max_tokens: int, choice: int,
-                        logprobs: int | None = None) -> SamplingParams:
+                        logprobs: int | None = None, prompt_logprobs: int | None = None
+                        ) -> SamplingParams:
         """Choice i of n gets seed + i, so seeded choices are repeatable and still differ.
         A top_k at or above the vocabulary is the vocabulary (vLLM: InputBatch.add_request)."""
         seed = request.seed
@@ -198,7 +199,8 @@ class OpenAIServing:
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=min(request.top_k or 0, self.vocab_size), seed=seed, max_tokens=max_tokens,
             stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
-            ignore_eos=request.ignore_eos, logprobs=logprobs, **self.penalties(request))
+            ignore_eos=request.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            **self.penalties(request))
 
     def penalties(self, request: SamplingFields) -> dict[str, Any]:
         """The penalties, logit_bias and min_tokens; left out where they change nothing."""
@@ -240,10 +242,10 @@ class OpenAIServing:
             self.metrics.observe_ended(reason)
 
     def fan_out(self, prompts: list[list[int]], request: SamplingFields, max_tokens: list[int],
-                request_id: str, logprobs: int | None = None
+                request_id: str, logprobs: int | None = None, prompt_logprobs: int | None = None
                 ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """One engine request per (prompt, choice): choice index = prompt * n + choice."""
-        gens = [self.generate(ids, self.sampling_params(request, mt, j, logprobs),
+        gens = [self.generate(ids, self.sampling_params(request, mt, j, logprobs, prompt_logprobs),
                               f"{request_id}-{i}-{j}")
                 for i, (ids, mt) in enumerate(zip(prompts, max_tokens))
                 for j in range(request.n)]
