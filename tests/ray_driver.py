@@ -18,6 +18,7 @@ import ray
 from ray.util import placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from minivllm.utils.load_scale import stretched
 from multinode_driver import QUESTION
 
 PG_READY_TIMEOUT_S = 60.0
@@ -44,7 +45,7 @@ def in_actor(head: str, engine_args: dict, strategy: str = "STRICT_SPREAD") -> N
     ray.init(address=head, logging_level="WARNING")
     n = engine_args["tensor_parallel_size"]
     pg = placement_group([{"CPU": 1}] * n, strategy=strategy)
-    ray.get(pg.ready(), timeout=PG_READY_TIMEOUT_S)
+    ray.get(pg.ready(), timeout=stretched(PG_READY_TIMEOUT_S))  # a hang check
     in_group = PlacementGroupSchedulingStrategy(placement_group=pg,
                                                 placement_group_capture_child_tasks=True)
     actor = LLMActor.options(scheduling_strategy=in_group).remote()

@@ -27,12 +27,15 @@ from typing import Any
 from minivllm.distributed.parallel_state import get_open_port
 from minivllm.executor.multiproc_executor import MultiprocExecutor, WorkerProcHandle
 from minivllm.executor.ray_utils import (DEVICE_KEY, HOW_TO_START, bundles_sorted_by_node,
-                                         current_placement_group, rank_bundles)
+                                         current_placement_group, local_instance_args,
+                                         rank_bundles)
+from minivllm.utils.load_scale import stretched
 from minivllm.utils.mp import STOP_GRACE_S
 from minivllm.worker.worker_proc import unlink_queue_files
 
 logger = logging.getLogger(__name__)
 
+# hang checks, each stretched with the load as the judge's time limits are (utils/load_scale.py)
 PLACEMENT_TIMEOUT_S = 60.0  # free CPUs are reserved in ms; longer means they are not there
 START_TIMEOUT_S = 300.0  # every actor imported torch, joined the group, attached its queues
 MONITOR_POLL_S = 1.0  # ray.wait's timeout: how soon the monitor sees a shutdown (vLLM: 5 s)
@@ -103,7 +106,7 @@ class RayExecutor(MultiprocExecutor):
         if self._ray_owner:  # address None: ray.init's default (ray_utils.py's docstring);
             # a local instance starts without Ray's dashboard (vLLM keeps Ray's default)
             ray.init(address=self.config.ray_address, include_dashboard=False,
-                     logging_level=logging.WARNING)
+                     logging_level=logging.WARNING, **local_instance_args(self.config.ray_address))
         self._monitor: threading.Thread | None = None
         self.actors: list[Any] = []
         self.run_refs: list[Any] = []
@@ -141,13 +144,14 @@ class RayExecutor(MultiprocExecutor):
                                    f" {HOW_TO_START}")
             self.pg = placement_group([{DEVICE_KEY: 1}] * tp, strategy="PACK")
             self._pg_owner = True
+        limit = stretched(PLACEMENT_TIMEOUT_S)
         try:
-            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            ray.get(self.pg.ready(), timeout=limit)
         except ray.exceptions.GetTimeoutError:
             specs = self.pg.bundle_specs
             self._release()
             raise RuntimeError(f"Ray could not place the bundles {specs} within "
-                               f"{PLACEMENT_TIMEOUT_S:g} s (free: {ray.available_resources()})"
+                               f"{limit:.0f} s (free: {ray.available_resources()})"
                                ": other jobs hold the CPUs (`ray status`)") from None
 
     def _start_workers(self) -> None:
@@ -172,16 +176,16 @@ class RayExecutor(MultiprocExecutor):
                                run_dir() if local[rank] else None)
                 for rank, a in enumerate(self.actors)]
         handles: dict[int, Any] = {}
-        for ready in ray.get(refs, timeout=START_TIMEOUT_S):
+        for ready in ray.get(refs, timeout=stretched(START_TIMEOUT_S)):
             handles.update(ready)
         decoder = MsgpackDecoder(RPCResponse)
         for rank in range(self.world_size):
             mq = MessageQueue.create_from_handle(handles[rank], 0, decoder=decoder)
             self.workers.append(WorkerProcHandle(rank, None, handles[rank], mq))
         self.run_refs = [a.run.remote() for a in self.actors]
-        self.rpc_broadcast_mq.wait_until_ready(READY_TIMEOUT_S)
+        self.rpc_broadcast_mq.wait_until_ready(stretched(READY_TIMEOUT_S))
         for w in self.workers:
-            w.response_mq.wait_until_ready(READY_TIMEOUT_S)
+            w.response_mq.wait_until_ready(stretched(READY_TIMEOUT_S))
 
     def _who(self, rank: int) -> str:
         return f"{rank} (Ray actor on {self.node_ips[rank]})"

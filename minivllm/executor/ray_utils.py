@@ -26,6 +26,9 @@ from typing import Any
 RAY_PIN = "ray==2.60.0"  # requirements.txt
 RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable (ray.init reads it too)
 CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the head's GCS port; a live head answers in ms
+# a local instance's object store: minivllm passes nothing through it, so Ray's minimum
+# (75 MiB, ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES) and a little
+LOCAL_OBJECT_STORE_BYTES = 80 * 2**20
 DEVICE_KEY = "CPU"  # the resource one rank takes (vLLM: current_platform.ray_device_key)
 HOW_TO_START = (
     "start one: on the head node `ray start --head --port=6379 --num-cpus=<cores> "
@@ -55,6 +58,18 @@ def check_ray_cluster(address: str | None) -> str | None:
         raise ValueError(f"no Ray cluster answers at {address} ({e.strerror or e}): "
                          f"{HOW_TO_START}") from None
     return address
+
+
+def local_instance_args(address: str | None) -> dict[str, Any]:
+    """ray.init's sizes for a local instance it would start: an explicit object store. Left
+    to Ray, it is 30% of the memory free at that moment, capped by /dev/shm's free space, and
+    on a machine another run is filling that falls below Ray's minimum: ray.init raises
+    ValueError. Nothing when ray.init joins a cluster (which refuses sizes), found as ray.init
+    finds it (ray._private.services, Ray pinned at RAY_PIN)."""
+    from ray._private.services import canonicalize_bootstrap_address
+    if canonicalize_bootstrap_address(address) is not None:
+        return {}
+    return {"object_store_memory": LOCAL_OBJECT_STORE_BYTES}
 
 
 def current_placement_group() -> Any:
