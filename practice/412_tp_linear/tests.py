@@ -165,14 +165,20 @@ def shards(impl):
 def _all_reduce_job(impl, rank, ws, t):
     v = torch.tensor([float(rank + 1)])
     dist.all_reduce(v)
-    return [dist.get_rank(), dist.get_world_size(), v.item()]
+    return [dist.get_rank(), dist.get_world_size(), v.item(), dist.get_backend()]
 
 
 @test(input="init_tp(rank, 3, file) in 3 processes; then an all-reduce of rank + 1", timeout=60)
 def group_of_three(impl):
     got = [out for out, _ in run_ranks(impl, 3, _all_reduce_job)]
-    check_equal(got, [[0, 3, 6.0], [1, 3, 6.0], [2, 3, 6.0]],
+    check_equal([g[:3] for g in got], [[0, 3, 6.0], [1, 3, 6.0], [2, 3, 6.0]],
                 "[rank, world size, all-reduce of rank + 1] on each rank")
+    backends = [g[3] for g in got]
+    if backends != ["gloo"] * 3:
+        raise Fail("the process group's backend (dist.get_backend()) on each rank: the README "
+                   "asks for a gloo group. Name it: init_process_group('gloo', ...); without a "
+                   "backend torch picks one per device type (gloo for CPU, nccl for CUDA where "
+                   "a GPU is), a different group", expected=["gloo"] * 3, got=backends)
 
 
 def _labelled(what, fn, *args, **kw):
