@@ -9,6 +9,9 @@ measurements.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.process
+import multiprocessing.queues
 import os
 import queue
 import signal
@@ -53,6 +56,39 @@ def _returns(fn, what, why):
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+class _RecordedWaits:
+    """While active, the timeouts this thread (the caller's) passes to a queue's get or to
+    multiprocessing.connection.wait, and those any thread passes to a worker's join: the
+    slices a call waits in, and what shutdown() gives each worker."""
+
+    def __enter__(self):
+        self.thread, self.gets, self.joins = threading.get_ident(), [], []
+        self.real = (mp.queues.Queue.get, mp.connection.wait, mp.process.BaseProcess.join)
+        real_get, real_wait, real_join = self.real
+
+        def get(q, block=True, timeout=None):
+            self._slice(timeout if block else 0.0)
+            return real_get(q, block, timeout)
+
+        def wait(objects, timeout=None):
+            self._slice(timeout)
+            return real_wait(objects, timeout)
+
+        def join(proc, timeout=None):
+            if timeout is not None:  # one without a limit after SIGKILL is right
+                self.joins.append(timeout)
+            return real_join(proc, timeout)
+        mp.queues.Queue.get, mp.connection.wait, mp.process.BaseProcess.join = get, wait, join
+        return self
+
+    def _slice(self, timeout) -> None:
+        if threading.get_ident() == self.thread:
+            self.gets.append(float("inf") if timeout is None else timeout)
+
+    def __exit__(self, *exc) -> None:
+        mp.queues.Queue.get, mp.connection.wait, mp.process.BaseProcess.join = self.real
 
 
 def _outcome(fn):
@@ -275,12 +311,19 @@ def death_fails_a_call_before_its_deadline(impl):
         e.collective_rpc("get_rank", timeout=WAIT_S)
         start = time.monotonic()
         try:
-            e.collective_rpc("die", (1, -signal.SIGKILL, 1.0), timeout=timeout)
+            with _RecordedWaits() as recorded:
+                e.collective_rpc("die", (1, -signal.SIGKILL, 1.0), timeout=timeout)
         except Exception as exc:
             took, got = time.monotonic() - start, f"{type(exc).__name__}: {exc}"
         else:
             raise Fail(f"a call with timeout={timeout:g} during which worker 1 was killed "
                        "returned")
+        longest = max(recorded.gets, default=0.0)
+        if longest > 0.1:
+            raise Fail(f"a call with timeout={timeout:g} waited {longest:g} s in one slice: the "
+                       "README has a pending call wait in slices of at most POLL_S (0.1 s) and "
+                       "look at `failed` between them, so a death fails it within 0.1 s",
+                       got=f"the call's waits: {sorted(set(recorded.gets))} s")
         if took >= timeout:  # a death seen between slices fails the call within ~POLL_S
             raise Fail(f"a call with timeout={timeout:g} during which worker 1 was killed at "
                        f"once failed only after {took:.1f} s, at its own deadline: look at "
@@ -316,11 +359,17 @@ def shutdown_is_clean(impl):
         e.collective_rpc("get_rank", timeout=WAIT_S)
         _raises(lambda: e.collective_rpc("stall", (2, 3600.0), timeout=0.5), TimeoutError,
                 ["worker 2"], "stall on rank 2 with timeout=0.5")
-        threading.Thread(target=lambda: (e.shutdown(), done.set()), daemon=True).start()
-        if not done.wait(scaled(15.0)):
-            raise Fail("shutdown() did not return while worker 2 was hung in a call and "
-                       "ignored SIGTERM: join each worker for a few seconds, terminate it, and "
-                       "kill it if it still runs (a join without a limit waits for ever)")
+        with _RecordedWaits() as recorded:
+            threading.Thread(target=lambda: (e.shutdown(), done.set()), daemon=True).start()
+            if not done.wait(scaled(15.0)):
+                raise Fail("shutdown() did not return while worker 2 was hung in a call and "
+                           "ignored SIGTERM: join each worker for a few seconds, terminate it, "
+                           "and kill it if it still runs (a join without a limit waits for ever)")
+        longest = max(recorded.joins, default=0.0)
+        if longest > 1.0:
+            raise Fail(f"shutdown() joined a worker for {longest:g} s: the README has it join "
+                       "each for at most JOIN_S (1 s), then terminate, then kill",
+                       got=f"join timeouts {sorted(set(recorded.joins))} s")
     finally:
         kill_if_alive(*e.procs)
     e.shutdown()
