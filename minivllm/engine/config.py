@@ -38,6 +38,8 @@ class SchedulerConfig:
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # vLLM's: one request's chunk; 0: no cap
+    target_itl_ms: float | None = None  # prompt tokens a step capped to stay within it
 
 
 @dataclass
@@ -59,6 +61,13 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # vLLM's --long-prefill-token-threshold (vllm/config/scheduler.py:79): the most prompt
+    # tokens one request gets in a step while another request is eligible; 0: no cap
+    long_prefill_token_threshold: int = 0
+    # minivllm's --target-itl-ms: a step's prompt tokens are capped so that its time, predicted
+    # from the measured cost of past steps (engine/step_cost.py), stays within this many ms
+    # while streams decode in it; None: only max_num_batched_tokens caps them (vLLM's way)
+    target_itl_ms: float | None = None
     num_threads: int | None = None  # torch threads in the worker; None: torch's default
     data_parallel_size: int = 1  # engine core processes, each with the whole model
     tensor_parallel_size: int = 1  # worker processes sharing one model, each 1 / N of it
@@ -120,6 +129,11 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0 (0: no cap), got "
+                             f"{self.long_prefill_token_threshold}")
+        if self.target_itl_ms is not None and not self.target_itl_ms > 0:
+            raise ValueError(f"target_itl_ms must be positive, got {self.target_itl_ms}")
         if self.model is None:
             self.model = default_model_path()
         self.model_config = load_config(self.model)
@@ -259,7 +273,8 @@ class EngineConfig:
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.num_kv_blocks, self.block_size, self.max_num_seqs,
                                self.max_num_batched_tokens, self.max_model_len,
-                               self.enable_prefix_caching, self.enable_chunked_prefill)
+                               self.enable_prefix_caching, self.enable_chunked_prefill,
+                               self.long_prefill_token_threshold, self.target_itl_ms)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -7,6 +7,12 @@ of blocks, the most recently admitted running request is preempted: its blocks a
 goes back to the front of the waiting queue, to be recomputed later (prefix caching usually
 gives most of it back). In vLLM: Scheduler's schedule, _preempt_request and
 update_from_output in vllm/v1/core/sched/scheduler.py; check_stop in vllm/v1/core/sched/utils.py.
+
+Two caps shorten prompt chunks, so that a step carrying prompts does not stall the streams that
+decode in it: long_prefill_token_threshold (vLLM's: one request's chunk, only when another
+request is eligible) and target_itl_ms (minivllm's: every prompt token of the step together,
+sized from the measured cost of past steps, step_cost.py, so the step's predicted time stays
+within the target; never below one KV block a step, so prompts always progress).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.sampling_extras import pack_prompt_logprobs_wanted, pack_sampling_extras
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.engine.step_cost import StepCostModel
 
 
 class Scheduler:
@@ -34,6 +41,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []
         self.num_preemptions = 0
+        self.step_cost = StepCostModel()
+        self._step_start: float | None = None  # the last step's schedule(), if still timed
+        self._step_shape = (0, 0)  # its (decodes, prefill tokens)
+        self._prefill_left = 0  # prompt tokens this step may still take
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -43,28 +54,74 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        self._time_last_step()
         budget = self.config.max_num_batched_tokens
+        self._prefill_left = self._prefill_cap(budget)
         scheduled, budget, preempted = self._schedule_running(budget)
         if not preempted:  # a step that had to preempt admits nobody new
             scheduled += self._schedule_waiting(budget)
         output = self._make_output(scheduled)
         for request, num_new in scheduled:  # the tokens are in flight: count them as computed
             request.num_computed_tokens += num_new
+        prefill = [n for _, n in scheduled if n > 1]
+        self._step_shape = (len(scheduled) - len(prefill), sum(prefill))
+        if not scheduled:  # the engine may now wait: the next step's time is not this one's
+            self._step_start = None
         return output
+
+    def _time_last_step(self) -> None:
+        """One sample for the cost model: from the last schedule() to this one, when the
+        engine went straight on (see update_from_output). Includes everything a stream waits
+        for between two tokens: the model, the scheduler, the outputs' handling."""
+        now = time.perf_counter()
+        if self._step_start is not None:
+            self.step_cost.observe(*self._step_shape, now - self._step_start)
+        self._step_start = now
+
+    def _prefill_cap(self, budget: int) -> int:
+        """Prompt tokens this step may carry: the budget, or under target_itl_ms what the
+        running decodes leave of the target (at least one block)."""
+        target = self.config.target_itl_ms
+        decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        if target is None or decodes == 0:  # no stream is waiting on this step
+            return budget
+        cap = self.step_cost.prefill_budget(decodes, target / 1e3)
+        return budget if cap is None else max(cap, self.config.block_size)
+
+    def _chunk(self, remaining: int, budget: int, eligible: int) -> int:
+        """The tokens a request with `remaining` uncomputed tokens gets; a decode is never
+        capped (vLLM caps with long_prefill_token_threshold only when eligible > 1)."""
+        num_new = min(remaining, budget)
+        if remaining == 1 or not self.config.enable_chunked_prefill:
+            return num_new
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold and eligible > 1:
+            num_new = min(num_new, threshold)
+        return min(num_new, self._prefill_left)
+
+    def _took_prefill(self, num_new: int) -> None:
+        if num_new > 1:
+            self._prefill_left -= num_new
 
     def _schedule_running(self, budget: int) -> tuple[list[tuple[Request, int]], int, bool]:
         """Decodes and prompt chunks of running requests, oldest first. Returns (scheduled,
         budget left, whether anyone was preempted)."""
         scheduled: list[tuple[Request, int]] = []
         preempted, i = False, 0
+        eligible = len(self.running) + len(self.waiting)
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget,
+                                  eligible)
+            if num_new == 0:  # a prompt chunk, and the step's prompt tokens are spent
+                i += 1
+                continue
             fits, evicted = self._make_room(request, num_new)
             preempted |= evicted
             if not fits:  # it preempted itself; the ones after it are gone too
                 break
             scheduled.append((request, num_new))
+            self._took_prefill(num_new)
             budget -= num_new
             i += 1
         return scheduled, budget, preempted
@@ -84,6 +141,7 @@ class Scheduler:
     def _schedule_waiting(self, budget: int) -> list[tuple[Request, int]]:
         """Admit waiting requests, in order, while the budget, max_num_seqs and the cache allow."""
         scheduled: list[tuple[Request, int]] = []
+        eligible = len(self.running) + len(self.waiting)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits = self.kv_cache_manager.get_computed_blocks(request)
@@ -91,7 +149,9 @@ class Scheduler:
             num_new = request.num_tokens - num_hit
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
-            num_new = min(num_new, budget)
+            num_new = self._chunk(num_new, budget, eligible)
+            if num_new == 0:  # the step's prompt tokens are spent
+                break
             if not self.kv_cache_manager.allocate_slots(request, num_new, hits):
                 break
             self.waiting.popleft()
@@ -101,6 +161,7 @@ class Scheduler:
             if request.num_cached_tokens is None:  # the first admission counts, not a re-run
                 request.num_cached_tokens = num_hit
             scheduled.append((request, num_new))
+            self._took_prefill(num_new)
             budget -= num_new
         return scheduled
 
@@ -172,6 +233,8 @@ class Scheduler:
         if any(r.is_finished for r in self.running):
             self.running = [r for r in self.running if not r.is_finished]
         finished = [o.request_id for o in outputs if o.finished]
+        if not self.has_unfinished_requests():  # idle next: stop timing
+            self._step_start = None
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
                                  timestamp=time.monotonic())
 

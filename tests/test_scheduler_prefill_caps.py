@@ -1,0 +1,88 @@
+"""The caps on a step's prompt tokens: vLLM's long_prefill_token_threshold (one request's chunk)
+and minivllm's target_itl_ms (the step's prompt tokens sized from a fitted step cost). Driven step
+by step with a fixed answer for the model, as in test_scheduler.py; the cost model is fed known
+costs, never timed, so nothing here depends on the machine's speed."""
+
+import numpy as np
+import pytest
+from test_scheduler import add, make, step
+
+from minivllm.engine.step_cost import StepCostModel
+
+FIXED, PER_DECODE, PER_TOKEN = 0.010, 0.001, 0.0005  # seconds: a step's known cost
+
+
+def known_costs(model: StepCostModel, steps: int = 40) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        d, p = int(rng.integers(0, 33)), int(rng.integers(0, 2)) * int(rng.integers(1, 513))
+        model.observe(d, p, FIXED + PER_DECODE * d + PER_TOKEN * p)
+
+
+def untimed(s):
+    """The scheduler with its clock off: the cost model holds the known costs only."""
+    s._time_last_step = lambda: None
+    known_costs(s.step_cost)
+    return s
+
+
+def test_the_fit_recovers_known_costs_and_sizes_the_budget():
+    model = StepCostModel()
+    model.observe(4, 0, FIXED + 4 * PER_DECODE)
+    assert model.prefill_budget(4, 0.05) is None  # too few steps with prompts: no cap yet
+    known_costs(model)
+    assert model.coef == pytest.approx([FIXED, PER_DECODE, PER_TOKEN], rel=1e-3)
+    assert model.predict(8, 100) == pytest.approx(FIXED + 8 * PER_DECODE + 100 * PER_TOKEN)
+    # 30 ms - 10 fixed - 4 decodes leave 16 ms: 32 prompt tokens
+    assert model.prefill_budget(4, 0.030) == 32
+    assert model.prefill_budget(32, 0.030) == 0  # the decodes alone exceed the target
+
+
+def test_long_prefill_threshold_caps_each_chunk_only_when_another_request_waits():
+    s = make(max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    add(s, "a", 40)
+    so, _ = step(s)
+    assert so.num_scheduled_tokens.tolist() == [40]  # alone: nobody to starve, no cap
+    add(s, "b", 40)
+    add(s, "c", 40)
+    so, _ = step(s)
+    assert so.req_ids == ["a", "b", "c"] and so.num_scheduled_tokens.tolist() == [1, 16, 16]
+
+
+def test_target_itl_caps_the_prompt_tokens_of_a_step_with_decodes():
+    s = untimed(make(max_num_batched_tokens=512, target_itl_ms=30.0))
+    for rid in "abcd":
+        add(s, rid, 5)
+    so, _ = step(s)  # no stream decodes yet: the prompts go in whole
+    assert so.num_scheduled_tokens.tolist() == [5, 5, 5, 5]
+    add(s, "e", 50)
+    add(s, "f", 50)
+    chunks = []
+    while not s.requests["f"].num_computed_tokens == 50:
+        so, _ = step(s)
+        assert so.num_scheduled_tokens[:4].tolist() == [1, 1, 1, 1]  # decodes never wait
+        prompt = sum(n for n in so.num_scheduled_tokens.tolist() if n > 1)
+        chunks.append(prompt)
+        assert prompt <= 32  # (30 - 10 - 4 x 1) ms / 0.5 ms a token
+    assert sum(chunks) == 100 and max(chunks) == 32
+
+
+def test_target_itl_below_the_decodes_cost_still_moves_a_block_a_step():
+    s = untimed(make(max_num_batched_tokens=512, target_itl_ms=5.0, block_size=4))
+    add(s, "a", 3)
+    step(s)
+    add(s, "b", 20)
+    so, _ = step(s)
+    assert so.num_scheduled_tokens.tolist() == [1, 4]  # one block: prompts always progress
+
+
+def test_steps_are_timed_from_one_schedule_to_the_next():
+    s = make(max_num_batched_tokens=16, target_itl_ms=1000.0)
+    add(s, "a", 40, max_tokens=3)
+    for _ in range(5):  # three prompt chunks, then two decodes; the request then finishes
+        step(s)
+    # steps 1-4 were ended by the next schedule(), and 1-3 carried prompt chunks
+    assert s.step_cost.prefill_steps == 3
+    assert s._step_start is None  # finished: the idle time to come is not a step's
+    assert not s.has_unfinished_requests()
+
