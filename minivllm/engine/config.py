@@ -119,7 +119,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+            raise ValueError(f"data_parallel_size must be greater than or equal to 1, got "
+                             f"{self.data_parallel_size}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -204,9 +205,11 @@ class EngineConfig:
 
     def _check_nodes(self) -> None:
         tp, n = self.tensor_parallel_size, self.nnodes
-        if n < 1 or not 0 <= self.node_rank < n:
-            raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got nnodes={n}, "
-                             f"node_rank={self.node_rank}")
+        if n < 1:
+            raise ValueError(f"nnodes must be >= 1, got {n}")
+        if not 0 <= self.node_rank < n:  # vLLM's words (engine/arg_utils.py:2414-2420)
+            raise ValueError(f"--node-rank must be between 0 and {n - 1}; got {self.node_rank} "
+                             "(0 <= node_rank < nnodes)")
         if tp % n and self.data_parallel_size == 1:  # DP x TP: dp_nodes.resolve_dp_layout
             works = [d for d in range(1, tp + 1) if tp % d == 0]
             raise ValueError(f"tensor_parallel_size {tp} cannot be split evenly over nnodes={n}: "

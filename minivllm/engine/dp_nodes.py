@@ -151,6 +151,8 @@ def _infer_from_node_rank(c: Any) -> int:
 
 def _check_parallel_config(dp: int, local: int, rank: int, external: bool) -> None:
     """ParallelConfig's checks of the result (config/parallel.py:150-154, 545-554, 1016-1020)."""
+    if dp < 1:
+        raise ValueError(f"data_parallel_size must be greater than or equal to 1, got {dp}")
     if local < 0:
         raise ValueError(f"data_parallel_size_local must be >= 0, got {local}")
     if local > dp:
@@ -169,6 +171,8 @@ def minivllm_limits(c: Any) -> None:
         raise ValueError(f"--data-parallel-backend {c.data_parallel_backend} (-dpb): minivllm "
                          "starts DP engine cores as processes only (mp); its Ray backend "
                          "places one engine's TP workers (--distributed-executor-backend ray)")
+    if local == 0 and c.headless:  # vLLM's run_headless says so too (cli/serve.py:202-203)
+        raise ValueError("data_parallel_size_local must be > 0 in headless mode")
     if local == 0:
         raise ValueError("--data-parallel-size-local 0: minivllm runs a front end only on a "
                          "node with engines (vLLM allows an engine-less front end)")
