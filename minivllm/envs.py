@@ -4,9 +4,13 @@
     VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS  300   a step's deadline: the executor gives up on a
                                                worker's reply (vllm/envs.py:1863-1865)
     VLLM_HOST_IP                        ""    the address this node advertises to the others
-                                               (IPv4 or IPv6); "": the one on the route to
-                                               the leader (vllm/envs.py:724, used by get_ip in
-                                               vllm/utils/network_utils.py:52-64)
+                                               (IPv4 or IPv6; vllm/envs.py:724). "": minivllm
+                                               takes this host's address on the route to the
+                                               leader; vLLM's get_ip takes the one on the route
+                                               to 8.8.8.8, then 2001:4860:4860::8888, then
+                                               0.0.0.0 (vllm/utils/network_utils.py:52-91),
+                                               which on a host whose default route is not the
+                                               nodes' network names the wrong interface
 
 vLLM has no heartbeats on its tcp connections; minivllm's (a ZMTP PING every interval, the
 connection dropped after the timeout of silence) are set with:
@@ -14,7 +18,8 @@ connection dropped after the timeout of silence) are set with:
     MINIVLLM_HEARTBEAT_INTERVAL_MS      1000
     MINIVLLM_HEARTBEAT_TIMEOUT_MS       3000
 
-The process group's timeout is a flag, --distributed-timeout-seconds (EngineConfig).
+The process group's timeout is a flag: --distributed-timeout-seconds, else
+--cpu-distributed-timeout-seconds (EngineConfig.collective_timeout_s).
 """
 
 from __future__ import annotations

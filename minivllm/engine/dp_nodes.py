@@ -6,9 +6,9 @@ API-server flags, resolved in vLLM's three steps and in its order (paths in the 
                                 most, and the API-server count (0: headless)
     resolve_dp_layout(c)        EngineArgs.create_engine_config
                                 (engine/arg_utils.py:2380-2535) and ParallelConfig's checks
-                                (config/parallel.py:545-554, 1016-1020): this node's engines,
+                                (config/parallel.py:545-554, 1017-1021): this node's engines,
                                 their first DP rank, the LB mode, the DP address
-    node_layout(c, api_servers) what the node then runs (serve.py:181-203, 325;
+    node_layout(c, api_servers) what the node then runs (serve.py:181-203, 218, 325;
                                 v1/engine/utils.py:1142-1156): engines, API servers, transport
 
 The launch modes (DP=N engines behind HTTP):
@@ -25,7 +25,7 @@ The launch modes (DP=N engines behind HTTP):
 Where minivllm stops short of vLLM, it says so (minivllm_limits): no DP engines as Ray actors
 (-dpb ray), no multi-port supervisor (-dpm), no front end without engines (-dpl 0), and
 nnodes over DP x TP only in whole replicas. vLLM's rank-0 front end also hears every engine
-in hybrid and external mode (its DP coordinator: v1/engine/utils.py:1314-1323); minivllm has
+in hybrid and external mode (its DP coordinator: v1/engine/utils.py:1319-1326); minivllm has
 none, so there each node is self-contained.
 """
 
@@ -99,7 +99,7 @@ def resolve_dp_layout(c: Any, is_moe: bool = False) -> None:
             raise ValueError("an external data-parallel rank requires "
                              f"--data-parallel-size-local 1; got {c.data_parallel_size_local}")
         local, rank, hybrid = 1, c.data_parallel_rank, False
-    elif c.data_parallel_size_local is not None:  # :2486-2512
+    elif c.data_parallel_size_local is not None:  # :2486-2517
         local = c.data_parallel_size_local
         hybrid = hybrid or (start is not None and not c.headless)
         if hybrid and local == 1:
@@ -108,7 +108,7 @@ def resolve_dp_layout(c: Any, is_moe: bool = False) -> None:
             external, hybrid = True, False
         hybrid = hybrid and local != dp  # one node holds them all
         rank = start if start is not None else inferred
-    else:  # :2513-2535
+    else:  # :2518-2535
         if hybrid:
             raise ValueError("--data-parallel-hybrid-lb requires --data-parallel-size-local: "
                              "the number of data-parallel ranks on this node")
@@ -150,7 +150,7 @@ def _infer_from_node_rank(c: Any) -> int:
 
 
 def _check_parallel_config(dp: int, local: int, rank: int, external: bool) -> None:
-    """ParallelConfig's checks of the result (config/parallel.py:150-154, 545-554, 1016-1020)."""
+    """ParallelConfig's checks of the result (config/parallel.py:147-154, 545-554, 1017-1021)."""
     if dp < 1:
         raise ValueError(f"data_parallel_size must be greater than or equal to 1, got {dp}")
     if local < 0:

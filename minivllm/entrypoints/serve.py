@@ -18,11 +18,13 @@ Across nodes (vLLM's flags): --nnodes K --node-rank R span the whole DP x TP dep
 With -dp 1 the TP ranks split over the nodes: node 0 runs as above, every other node runs
 `minivllm serve --headless --node-rank R ...`, which starts only its share of the TP workers
 (executor/multinode.py) and exits when the leader goes away or on SIGTERM. With -dp N each
-node runs whole DP replicas, its first DP rank following from R. DP launch modes
-(engine/dp_nodes.py): internal (the leader's API servers in front of all N engines, the other
-nodes `--headless`, their engines reaching the front end over tcp; engine/headless.py),
-hybrid (-dpl L -dpr S without --headless: API servers on every node for its own engines) and
-external (--data-parallel-external-lb or -dpn R: one engine per API server).
+node runs whole DP replicas, its first DP rank following from R. DP launch modes, resolved
+from vLLM's flags as vLLM 0.33.0 resolves them (engine/dp_nodes.py): internal (the leader's API
+servers in front of all N engines, the other nodes `--headless` or `--api-server-count 0`,
+their engines reaching the front end over tcp; engine/headless.py), hybrid (-dpl L -dpr S
+without --headless, or -dph -dpl L: API servers on every node for its own engines) and
+external (one engine per API server: -dpl 1 -dpr R; -dpe and -dpn R only for MoE models, as
+in vLLM, and minivllm's models are dense).
 
 --host defaults to 127.0.0.1 (this machine only); vLLM binds all interfaces (0.0.0.0).
 """
