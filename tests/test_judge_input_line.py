@@ -185,3 +185,13 @@ def test_101_a_crash_in_worker_entry_names_worker_entry(tmp_path):
     assert "First failure: ready_handshake (crashed)" in run.stdout, run.stdout[-3000:]
     line = next(ln for ln in run.stdout.splitlines() if ln.strip().startswith("input:"))
     assert "worker_entry(conn, setup_ok, (21,))" in line, run.stdout[-3000:]
+
+
+def test_every_starter_check_wants_its_crash_named_by_a_function_of_the_starter():
+    """--check (and tests/test_exercises.py's starter check, for all 22 exercises): the
+    starter's first failure, raised in its code, names one of its functions on the input line."""
+    from minivllm.judge.selfcheck import unnamed_call
+    ex = exercise.find("101")
+    assert unnamed_call(ex, {"name": "t", "input": "worker_entry(conn=<Connection>)"}) is None
+    assert "names no function of launcher.py" in unnamed_call(
+        ex, {"name": "t", "input": "a child that ignores SIGTERM, timeout=1"})

@@ -3,6 +3,8 @@ fails, and every known-wrong variant fails in the test and manner it declares.""
 
 from __future__ import annotations
 
+import ast
+import re
 import tempfile
 from pathlib import Path
 
@@ -20,9 +22,23 @@ def check_solution(ex: Exercise) -> str | None:
 
 def check_starter(ex: Exercise) -> str | None:
     g = grade(ex, ex.starter)
+    if g.failures and g.failures[0].get("kind") in ("todo", "error"):
+        return unnamed_call(ex, g.failures[0])
     if g.failures or not g.passed:
         return None
     return "the untouched starter passes: the tests cannot tell a missing implementation"
+
+
+def unnamed_call(ex: Exercise, failure: dict) -> str | None:
+    """A problem if a failure raised in the learner's code does not name, on its input line, a
+    function or class of the starter (the call that raised: runner's input line rule)."""
+    tree = ast.parse(ex.starter.read_text())
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    said = failure.get("input") or ""
+    if any(re.search(rf"\b{re.escape(n)}\b", said) for n in names):
+        return None
+    return (f"the starter's first failure ({failure['name']}) raised in your code, but its input "
+            f"line names no function of {ex.starter.name}: {said!r}")
 
 
 def check_variant(ex: Exercise, variant: Variant) -> str | None:
