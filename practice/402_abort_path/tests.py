@@ -443,8 +443,15 @@ class BareEngine(FrontEnd):
             "4 blocks")
 def abort_between_steps(impl):
     model = GatedModel()
+    before = set(threading.enumerate())
     with BareEngine(impl, model, 4) as b:
         engine = b.engine
+        started = [t.name for t in set(threading.enumerate()) - before if not t.daemon]
+        if started:
+            raise Fail("the engine started threads that are not daemon threads: a program that "
+                       "drives it with step() and ends without shutdown() would wait for them "
+                       "for ever at exit (the README: both IO threads are daemons, as in vLLM)",
+                       got=started)
         b.expect_readies([ID], "the first message from an engine made without an identity "
                          "(the default identity is b'\\x00\\x00')")
         engine.add_request(impl.EngineCoreRequest("r0", [0, 1], 3))
