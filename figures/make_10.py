@@ -1,7 +1,9 @@
 """Figures of chapter 10: multi-node tensor parallelism (the leader's ring keeps its local
 reader on shared memory and serves the other nodes' ranks as remote readers over tcp; replies
-and the all-reduce cross the network too), and the three DP launch modes side by side (who
-runs API servers, which engines each one reaches, where the load balancer sits).
+and the all-reduce of every rank, the leader's too, cross the network), and the three DP
+launch modes side by side, drawn from what each node's flags resolve to in minivllm's own
+resolution (node_flags.resolve_node: vLLM 0.33.0's rules): the API servers, the engines and
+their DP ranks, which engines each front end reaches and over ipc or tcp.
 
     .venv/bin/python figures/make_10.py      writes figures/10_across_machines.png and
                                              figures/10_dp_launch_modes.png
@@ -53,61 +55,100 @@ def draw_tp_nodes() -> None:
         arrow(ax, 7.6, y + 0.5, 4.5, 3.85 + 0.3 * (2 - i), TCP, "--")
     ax.text(4.0, 1.1, "each step: one send per\nremote reader (tcp)", fontsize=7.5, color=TCP)
     ax.text(5.25, 4.55, "replies: tcp", fontsize=7.5, color=TCP)
-    ax.plot([11.5, 11.5], [0.8, 5.2], color=COMM, lw=3)
-    ax.text(11.6, 3.0, "gloo all-reduce\nover tcp, 2L+1\na step; the group\nmeets at\n"
-            "master_addr:\nmaster_port", fontsize=7.5, color=COMM, va="center")
+    # the all-reduce: one gloo group of every TP rank, Worker_TP0 on the leader included
+    ax.plot([2.75, 2.75, 11.5, 11.5], [0.8, -0.25, -0.25, 4.4], color=COMM, lw=3)
+    for y in (1.4, 4.2):  # Worker_TP2, Worker_TP1
+        ax.plot([10.9, 11.5], [y, y], color=COMM, lw=3)
+    ax.text(11.6, 2.8, "gloo all-reduce\nof all 3 ranks\n(TP0 too) over\ntcp, 2L+1 a\nstep; "
+            "the group\nmeets at\nmaster_addr:\nmaster_port", fontsize=7.5, color=COMM,
+            va="center")
     ax.text(0.2, 6.05, "blue: shared memory, inside node 0 only   orange: tcp between nodes "
             "(solid: the broadcast; dashed: replies)   green: the collectives", fontsize=8)
-    save_diagram(fig, ax, (0, 13.2), (0, 6.4), HERE / "10_across_machines.png")
+    save_diagram(fig, ax, (0, 13.2), (-0.45, 6.4), HERE / "10_across_machines.png")
 
 
 API, ENGINE, NODE = "#dce8f8", "#fdf2e3", "#f4f4f4"
-NODE_Y = (3.05, 0.35)  # the bottom of node 0's and node 1's box
-# (title, flags, load balancer outside?, engines per node)
-MODES = [("internal (the default)", "node 1: --headless -dpr 2", False, 2),
-         ("hybrid", "-dpl 2, -dpr 0 | -dpr 2", True, 2),
-         ("external", "-dpe (or -dpn R)", True, 1)]
+NODE_Y = (3.15, 0.35)  # the bottom of node 0's and node 1's box
+NODE_H = 2.4
+# each panel: its title and both nodes' `minivllm serve` flags (the model and ports left out)
+MODES = [("internal (the default)", ("-dp 4 --nnodes 2 --node-rank 0",
+                                     "-dp 4 --nnodes 2 --node-rank 1 --headless")),
+         ("hybrid", ("-dp 4 -dpl 2 -dpr 0", "-dp 4 -dpl 2 -dpr 2")),
+         ("external", ("-dp 2 -dpl 1 -dpr 0", "-dp 2 -dpl 1 -dpr 1"))]
+
+
+def resolved(flags: str):
+    """(layout, DP size) as `minivllm serve FLAGS` resolves them before it starts anything."""
+    from minivllm.entrypoints import serve
+    from minivllm.entrypoints.node_flags import resolve_node
+    args = serve.make_parser().parse_args(flags.split())
+    return resolve_node(args), args.data_parallel_size
 
 
 def draw_dp_modes() -> None:
-    """Three panels: two nodes each, their API servers and DP engines, the arrows requests take."""
-    fig, ax = plt.subplots(figsize=(13, 6.2))
-    for p, (title, flags, outside, per_node) in enumerate(MODES):
+    """Three panels of two nodes, drawn from what each node's flags resolve to: its API
+    servers, its engines (DP ranks), which engines each node's API servers reach and over what."""
+    fig, ax = plt.subplots(figsize=(13, 7.4))
+    for p, (title, flags) in enumerate(MODES):
         x0 = 0.2 + 5.0 * p
-        ax.text(x0 + 2.3, 6.75, title, ha="center", fontsize=10, weight="bold")
-        ax.text(x0 + 2.3, 6.35, flags, ha="center", fontsize=8, family="monospace")
-        box(ax, x0 + 0.9, 5.35, 2.8, 0.55, "load balancer (outside)" if outside else "clients",
+        nodes = [resolved(f) for f in flags]
+        ax.text(x0 + 2.3, 8.05, title, ha="center", fontsize=10, weight="bold")
+        for i, f in enumerate(flags):
+            ax.text(x0 + 2.3, 7.65 - 0.3 * i, f"node {i}: {f}", ha="center", fontsize=7,
+                    family="monospace")
+        fronts = [i for i, (layout, _) in enumerate(nodes) if layout.api_servers]
+        outside = len(fronts) > 1
+        box(ax, x0 + 0.9, 6.2, 2.8, 0.5, "load balancer (outside)" if outside else "clients",
             "#ffffff", 8)
-        for node, y in enumerate(NODE_Y):
-            box(ax, x0, y, 4.6, 2.25, "", NODE)
-            ax.text(x0 + 0.1, y + 2.0, f"node {node}", fontsize=8, weight="bold")
-            if node == 0 or outside:
-                box(ax, x0 + 1.1, y + 1.15, 2.4, 0.55, "API server", API, 8)
-            for k in range(per_node):
-                ex = x0 + 0.3 + 2.2 * k if per_node == 2 else x0 + 1.3
-                box(ax, ex, y + 0.2, 1.9 if per_node == 2 else 2.0, 0.55,
-                    f"engine {node * per_node + k}", ENGINE, 8)
-        arrow(ax, x0 + 2.3, 5.35, x0 + 2.3, NODE_Y[0] + 1.7, "black")
-        if outside:  # to node 1's API server, down the gap beside the panel
-            ax.plot([x0 + 3.7, x0 + 4.8, x0 + 4.8], [5.62, 5.62, 1.78], color="black", lw=1.5)
-            arrow(ax, x0 + 4.8, 1.78, x0 + 3.5, 1.78, "black")
-        for node in (0, 1) if outside else (0,):
-            _engine_arrows(ax, x0, NODE_Y[node], per_node)
-        if not outside:  # internal: node 0's API server reaches node 1's engines over tcp
-            arrow(ax, x0 + 2.25, NODE_Y[0] + 1.15, x0 + 1.9, NODE_Y[1] + 0.75, TCP, "--")
-            arrow(ax, x0 + 2.45, NODE_Y[0] + 1.15, x0 + 2.7, NODE_Y[1] + 0.75, TCP, "--")
-    ax.text(0.2, 0.02, "blue: ipc inside a node   orange, dashed: tcp to another node's "
-            "engines (internal mode only)", fontsize=8)
-    save_diagram(fig, ax, (0, 15.2), (-0.1, 7.0), HERE / "10_dp_launch_modes.png")
+        engine_at = {}
+        for i, (layout, _) in enumerate(nodes):
+            y = NODE_Y[i]
+            box(ax, x0, y, 4.6, NODE_H, "", NODE)
+            ax.text(x0 + 0.1, y + NODE_H - 0.25, f"node {i}", fontsize=8, weight="bold")
+            api_right = _api_servers(ax, x0, y, layout.api_servers)
+            engine_at.update(_engines(ax, x0, y, layout.engines))
+        for i, (layout, dp) in enumerate(nodes):
+            if layout.api_servers:
+                reach = range(dp) if layout.mode == "internal" else layout.engines
+                tcp = layout.transport == "tcp"
+                for rank in reach:
+                    ex, ey = engine_at[rank]
+                    arrow(ax, x0 + 2.3, NODE_Y[i] + 1.3, ex, ey, TCP if tcp else SHM,
+                          "--" if tcp else "-")
+        arrow(ax, x0 + 2.3, 6.2, x0 + 2.3, NODE_Y[0] + 1.8, "black")
+        if outside:  # to node 1's API servers, down the gap beside the panel
+            ax.plot([x0 + 3.7, x0 + 4.8, x0 + 4.8], [6.45, 6.45, NODE_Y[1] + 1.55],
+                    color="black", lw=1.5)
+            arrow(ax, x0 + 4.8, NODE_Y[1] + 1.55, api_right + 0.05, NODE_Y[1] + 1.55, "black")
+    ax.text(0.2, 0.02, "blue: ipc   orange, dashed: tcp (a front end with an engine on "
+            "another node reaches every engine over tcp, its own too)   each API server "
+            "(API k) is a client of every engine the arrows reach", fontsize=8)
+    save_diagram(fig, ax, (0, 15.2), (-0.1, 8.3), HERE / "10_dp_launch_modes.png")
 
 
-def _engine_arrows(ax, x0: float, y: float, per_node: int) -> None:
-    """From a node's API server down to its own engines."""
-    if per_node == 1:
-        arrow(ax, x0 + 2.3, y + 1.15, x0 + 2.3, y + 0.75, SHM)
-        return
-    arrow(ax, x0 + 1.6, y + 1.15, x0 + 1.25, y + 0.75, SHM)
-    arrow(ax, x0 + 3.0, y + 1.15, x0 + 3.45, y + 0.75, SHM)
+def _api_servers(ax, x0: float, y: float, count: int) -> float:
+    """A node's API server processes, side by side (none: headless); the row's right edge."""
+    if not count:
+        ax.text(x0 + 2.3, y + 1.55, "headless:\nno API server", ha="center", va="center",
+                fontsize=7.5, style="italic")
+        return x0 + 2.3
+    width = min(1.7, (3.6 - 0.15 * (count - 1)) / count)
+    left = x0 + 2.3 - (count * width + 0.15 * (count - 1)) / 2
+    for k in range(count):
+        box(ax, left + k * (width + 0.15), y + 1.3, width, 0.5,
+            f"API {k}" if count > 1 else "API server", API, 7.5)
+    return left + count * width + 0.15 * (count - 1)
+
+
+def _engines(ax, x0: float, y: float, ranks: tuple[int, ...]) -> dict[int, tuple[float, float]]:
+    """A node's engine cores, labelled with their DP ranks; where an arrow reaches each."""
+    at = {}
+    width = 1.9 if len(ranks) > 1 else 2.0
+    for k, rank in enumerate(ranks):
+        ex = x0 + 0.3 + 2.2 * k if len(ranks) > 1 else x0 + 1.3
+        box(ax, ex, y + 0.2, width, 0.55, f"engine {rank}", ENGINE, 8)
+        at[rank] = (ex + width / 2, y + 0.75)
+    return at
 
 
 if __name__ == "__main__":
