@@ -9,7 +9,13 @@ Like `vllm bench serve` (vllm/benchmarks/serve.py) with its random dataset: rand
 prompts, a fixed output length (ignore_eos), and a closed loop that keeps `max-concurrency`
 streaming requests in flight. Per request it records TTFT (send to first token), the gaps between
 tokens (ITL), TPOT ((end-to-end - TTFT) / (tokens - 1)) and the end-to-end time; per run,
-requests/s and output tokens/s, with the mean, median and p99 of each latency.
+requests/s and output tokens/s, with the mean and the p50, p90 and p99 of each latency
+(--metric-percentiles, vLLM's flag: vllm/benchmarks/serve.py:1859-1866). --goodput takes
+service level objectives as vLLM's does (serve.py:1514-1549, 1868-1877): `ttft:500 tpot:100`
+(milliseconds; names ttft, tpot, e2el) counts the requests that met all of them
+(serve.py:669-692) and reports them per second (request_goodput, serve.py:779). The warm-up
+requests use other prompts than the measured ones, so no measured prompt is in the prefix
+cache already (vLLM warms up with its first prompt only, serve.py:880-945).
 
 Without --base-url it starts `minivllm serve` itself and then runs the same prompts through the
 engine in this process (EngineCore + OutputProcessor, the same closed loop, no HTTP, no IPC): the
@@ -33,17 +39,22 @@ import numpy as np
 
 from minivllm.bench import _openai_client as client
 from minivllm.bench._openai_client import Endpoint, RequestResult, first_model
-from minivllm.bench.common import bench_parser, percentile, print_table, quick_mode, write_json
+from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
 from minivllm.bench.load import tree_cpu_s, tree_rss_mib
+from minivllm.bench.serve_metrics import (DEFAULT_PERCENTILES, LATENCY_COLUMNS,  # noqa: F401
+                                          THROUGHPUT_COLUMNS, latency_columns, parse_goodput,
+                                          summarize)
 from minivllm.engine.config import KV_CACHE_DTYPES
 from minivllm.entrypoints.openai.server_process import ServerProcess
 
 SEED = 0
+WARMUP_SEED = 1  # the warm-up's prompts: not the measured ones (the prefix cache would hold them)
 
 
-def random_prompts(num: int, input_len: int, vocab_size: int) -> list[list[int]]:
+def random_prompts(num: int, input_len: int, vocab_size: int,
+                   seed: int = SEED) -> list[list[int]]:
     """vLLM's random dataset: uniform token ids (special tokens at the low ids are skipped)."""
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
     low = min(1000, vocab_size // 4)
     return rng.integers(low, vocab_size, size=(num, input_len)).tolist()
 
@@ -113,55 +124,25 @@ def run_inproc(engine: InprocEngine, prompts: list[list[int]], output_len: int,
 
 
 
-THROUGHPUT_COLUMNS = ["engine", "concurrency", "requests", "errors", "req_per_s", "out_tok_per_s",
-                      "e2e_p50_s", "cpu_ms_per_tok", "client_cpu", "server_rss_mib"]
-LATENCY_COLUMNS = ["engine", "concurrency"] + [f"{m}_{s}_ms" for m in ("ttft", "tpot", "itl")
-                                               for s in ("mean", "p50", "p99")]
-
-
-def _stats(name: str, values: list[float]) -> dict[str, float]:
-    """Mean, median and p99 in milliseconds (zeros when there is nothing to measure)."""
-    if not values:
-        return {f"{name}_{s}_ms": 0.0 for s in ("mean", "p50", "p99")}
-    return {f"{name}_mean_ms": 1e3 * sum(values) / len(values),
-            f"{name}_p50_ms": 1e3 * percentile(values, 50),
-            f"{name}_p99_ms": 1e3 * percentile(values, 99)}
-
-
-def summarize(kind: str, concurrency: int, results: list[RequestResult], wall: float,
-              cpu_s: float | None, client_cpu_s: float | None = None) -> dict:
-    """One row. cpu_s: CPU seconds the engine's processes used (the server's whole process tree,
-    or this process for the in-process engine; None: unknown); client_cpu_s: the load
-    generator's."""
-    ok = [r for r in results if r.error is None]
-    tokens = sum(r.output_tokens for r in ok)
-    row = {"engine": kind, "concurrency": concurrency, "requests": len(ok),
-           "errors": len(results) - len(ok), "req_per_s": len(ok) / wall,
-           "out_tok_per_s": tokens / wall,
-           **_stats("ttft", [r.ttft for r in ok]),
-           **_stats("tpot", [r.tpot for r in ok if r.tpot is not None]),
-           **_stats("itl", [x for r in ok for x in r.itl]),
-           "e2e_p50_s": percentile([r.e2e for r in ok], 50) if ok else 0.0}
-    if cpu_s is not None:
-        row["cpu_ms_per_tok"] = 1e3 * cpu_s / tokens if tokens else 0.0
-    if client_cpu_s is not None:
-        row["client_cpu"] = client_cpu_s / wall  # cores the load generator kept busy
-    return row
+def warmup_prompts(prompts: list[list[int]], num: int, vocab_size: int) -> list[list[int]]:
+    """num prompts shaped like the measured ones but not them (WARMUP_SEED)."""
+    return random_prompts(num, len(prompts[0]) if prompts else 1, vocab_size, WARMUP_SEED)
 
 
 def serve_run(endpoint: Endpoint, label: str, prompts: list[list[int]], output_len: int,
-              concurrency: int, warmups: int, server_pid: int | None) -> dict:
+              concurrency: int, warmups: list[list[int]], server_pid: int | None,
+              percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
     """A warm-up, then one measured closed-loop run: its row."""
     if warmups:
         # First steps of each batch shape are slow (oneDNN primitives are created per shape,
         # KV-cache pages are touched for the first time).
-        asyncio.run(client.run_load(endpoint, (prompts * warmups)[:warmups], output_len,
-                                    concurrency, "warm-up"))
+        asyncio.run(client.run_load(endpoint, warmups, output_len, concurrency, "warm-up"))
     cpu0, server_cpu0 = time.process_time(), tree_cpu_s(server_pid)
     results, wall = asyncio.run(client.run_load(endpoint, prompts, output_len, concurrency,
                                                 f"{label} c={concurrency}"))
     server_cpu = None if server_pid is None else tree_cpu_s(server_pid) - server_cpu0
-    row = summarize(label, concurrency, results, wall, server_cpu, time.process_time() - cpu0)
+    row = summarize(label, concurrency, results, wall, server_cpu, time.process_time() - cpu0,
+                    percentiles, goodput)
     if server_pid is not None:
         row["server_rss_mib"] = tree_rss_mib(server_pid)
     for error in sorted({r.error for r in results if r.error})[:3]:
@@ -194,11 +175,25 @@ def make_parser():
     p.add_argument("--server-args", default="", help="extra `minivllm serve` flags, quoted")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="the KV cache's element type, for the server and the in-process engine")
+    p.add_argument("--metric-percentiles", default="50,90,99",
+                   help="comma-separated percentiles of TTFT, TPOT and ITL to report "
+                        "(vLLM's flag; its default is 99)")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:VALUE",
+                   help="service level objectives in ms, e.g. ttft:2000 tpot:100 (names: "
+                        "ttft, tpot, e2el): count the requests that met all of them, as "
+                        "vLLM's --goodput")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    try:
+        args.percentiles = tuple(float(q) for q in args.metric_percentiles.split(","))
+        args.slos = parse_goodput(args.goodput)
+    except ValueError as e:
+        raise SystemExit(f"minivllm bench serve: {e}") from None
+    if not all(0 < q < 100 for q in args.percentiles):  # vLLM accepts (0, 100) too
+        raise SystemExit("minivllm bench serve: --metric-percentiles must be in (0, 100)")
     if args.quick or quick_mode():
         args.random_input_len, args.random_output_len = 32, 16
     if args.server_pid is not None and args.base_url is None:
@@ -215,14 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     def prompts_for(c: int) -> list[list[int]]:
         return random_prompts(args.num_prompts or 2 * c, args.random_input_len, vocab_size)
 
-    def warmups(c: int) -> int:
-        return len(prompts_for(c)) if args.num_warmups is None else args.num_warmups
+    def warmups(c: int) -> list[list[int]]:
+        num = len(prompts_for(c)) if args.num_warmups is None else args.num_warmups
+        return warmup_prompts(prompts_for(c), num, vocab_size)
     if args.base_url is not None:
         rows, ratios = run_remote(args, prompts_for, warmups), {}
     else:
         rows, ratios = run_local(args, model, prompts_for, warmups)
-    print_table(rows, THROUGHPUT_COLUMNS)
-    print_table(rows, LATENCY_COLUMNS)
+    print_table(rows, [c for c in THROUGHPUT_COLUMNS if args.slos or "good" not in c])
+    print_table(rows, latency_columns(args.percentiles))
     for name, value in ratios.items():
         print(f"{name} = {value:.3f}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
@@ -240,7 +236,7 @@ def run_remote(args, prompts_for, warmups) -> list[dict]:
     endpoint = Endpoint(endpoint.host, endpoint.port, endpoint.path, model, endpoint.api_key)
     label = args.label or f"{args.backend}@{endpoint.host}:{endpoint.port}"
     return [serve_run(endpoint, label, prompts_for(c), args.random_output_len, c, warmups(c),
-                      args.server_pid) for c in args.max_concurrency]
+                      args.server_pid, args.percentiles, args.slos) for c in args.max_concurrency]
 
 
 def run_local(args, model: str, prompts_for, warmups) -> tuple[list[dict], dict]:
@@ -256,11 +252,14 @@ def run_local(args, model: str, prompts_for, warmups) -> tuple[list[dict], dict]
         for c in args.max_concurrency:
             prompts = prompts_for(c)
             served = serve_run(endpoint, "serve", prompts, args.random_output_len, c,
-                               warmups(c), server.pid)
-            run_inproc(inproc_engine, prompts, args.random_output_len, c)  # warm-up
+                               warmups(c), server.pid, args.percentiles, args.slos)
+            warm = warmups(c) or warmup_prompts(prompts, len(prompts),
+                                                config.model_config.vocab_size)
+            run_inproc(inproc_engine, warm, args.random_output_len, c)
             cpu0 = time.process_time()
             results, wall = run_inproc(inproc_engine, prompts, args.random_output_len, c)
-            inproc = summarize("inproc", c, results, wall, time.process_time() - cpu0)
+            inproc = summarize("inproc", c, results, wall, time.process_time() - cpu0,
+                               args.percentiles, args.slos)
             rows += [served, inproc]
             if inproc["out_tok_per_s"] and served["cpu_ms_per_tok"]:
                 ratios[f"serve_vs_inproc_c{c}"] = served["out_tok_per_s"] / inproc["out_tok_per_s"]
