@@ -79,6 +79,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="tokens in one step, decodes and prefill chunks together (vLLM's "
                         "flag; default 512): smaller keeps the inter-token latency of running "
                         "streams low while prompts arrive, larger gets first tokens sooner")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="the most prompt tokens one request gets in a step while another "
+                        "request is eligible (vLLM's flag; default 0: no cap)")
+    p.add_argument("--target-itl-ms", type=float, default=None,
+                   help="cap each step's prompt tokens so that its time, predicted from the "
+                        "measured cost of past steps, stays within this many ms while "
+                        "streams decode in it (minivllm's; default: no target)")
     p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", type=parse_bytes,
                    default=None, metavar="BYTES",
                    help="the KV cache's size, e.g. 512M or 0.5g (vLLM's flag; on CPU vLLM also "
@@ -124,6 +131,8 @@ def engine_config(args: argparse.Namespace, headless: bool | None = None) -> Any
     for name, value in (("max_num_seqs", args.max_num_seqs),
                         ("max_model_len", args.max_model_len),
                         ("max_num_batched_tokens", args.max_num_batched_tokens),
+                        ("long_prefill_token_threshold", args.long_prefill_token_threshold),
+                        ("target_itl_ms", args.target_itl_ms),
                         ("kv_cache_memory_bytes", args.kv_cache_memory_bytes),
                         ("num_threads", args.num_threads),
                         ("nnodes", args.nnodes if args.nnodes != 1 else None),
