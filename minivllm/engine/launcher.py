@@ -22,10 +22,11 @@ during start-up is reported at once, with its exit code, not after the timeout.
 Engines on other nodes (data_parallel_size_local < data_parallel_size, internal load
 balancing): the ROUTER binds tcp://data_parallel_address:data_parallel_rpc_port, the clients'
 addresses are tcp ports on that address, and the launcher waits for every rank's HELLO, its
-own engines' and those that `minivllm serve --headless --data-parallel-start-rank S` starts
-(engine/headless.py): those have no sentinel here, so the other nodes have HELLO_TIMEOUT_S
-to come up. The clients' tcp ports are bound here, before any engine learns them (vLLM binds
-its listeners first too: bind_engine_zmq_listeners, vllm/v1/engine/utils.py:1163-1184, and
+own engines' and those that `minivllm serve --headless -dpl L -dpr S` (or `--nnodes K
+--node-rank R`) starts (engine/headless.py; -dpr without -dpl is ignored, as in vLLM):
+those have no sentinel here, so the other nodes have HELLO_TIMEOUT_S to come up. The
+clients' tcp ports are bound here, before any engine learns them (vLLM binds its listeners
+first too: bind_engine_zmq_listeners, vllm/v1/engine/utils.py:1164-1184, and
 make_zmq_listener, vllm/utils/network_utils.py:409-439); each client's ZMQ socket adopts
 its listening socket (ZMQ_USE_FD), so no other process can take a port in between. Hybrid
 and external load balancing (dp_nodes.py): a front end hears only its own node's engines,
@@ -180,7 +181,7 @@ def _engine_addresses(config: EngineConfig, ipc_dir: IpcDir, num_api_servers: in
     """ipc:// on one node (and for a front end of its node's engines alone); tcp:// at
     data_parallel_address when engines on other nodes talk to it, each client's port bound
     and listening before it is handed out (vLLM: get_engine_zmq_bind_addresses,
-    vllm/v1/engine/utils.py:1127-1160)."""
+    vllm/v1/engine/utils.py:1120-1161)."""
     if not config.data_parallel_multinode:
         return ipc_dir.path("handshake"), EngineZmqAddresses(
             inputs=[ipc_dir.path(f"input{i}") for i in range(num_api_servers)],
