@@ -49,6 +49,7 @@ PAGE_FACTS = """
 const cells = [...document.querySelectorAll('div.cell')].map(c => {
   const out = c.querySelector('.cell_output');
   return {output: out ? out.innerText.trim().length : 0,
+          folded_output: out && out.closest('details') ? out.textContent.trim().length : 0,
           images: out ? [...out.querySelectorAll('img')].filter(i => i.naturalWidth > 0).length : 0};
 });
 const box = e => e.getBoundingClientRect();
@@ -170,8 +171,12 @@ def load(driver, url: str) -> dict:
     return driver.execute_script(PAGE_FACTS)
 
 
+FOLDED_OUTPUT = {"hide-output", "hide-cell"}  # the output sits in a closed toggle on the page
+
+
 def cell_problems(name: str, facts: dict) -> list[str]:
-    """Chapter pages: a code cell with outputs shows them; a plotting cell shows its image."""
+    """Chapter pages: a code cell with outputs shows them (a folded one, behind its toggle); a
+    plotting cell shows its image."""
     cells = notebook_cells(name)
     if cells is None:
         return []
@@ -181,7 +186,11 @@ def cell_problems(name: str, facts: dict) -> list[str]:
     problems = []
     for i, (cell, dom) in enumerate(zip(cells, shown)):
         first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-        if cell.get("outputs") and not (dom["output"] or dom["images"]):
+        folded = FOLDED_OUTPUT & set(cell.metadata.get("tags", []))
+        if cell.get("outputs") and folded and not dom["folded_output"]:
+            problems.append(f"{name}: code cell {i} ({first!r}), tagged {sorted(folded)}, has "
+                            "no outputs behind a toggle")
+        elif cell.get("outputs") and not folded and not (dom["output"] or dom["images"]):
             problems.append(f"{name}: code cell {i} ({first!r}) shows none of its outputs")
         if PLOTS.search(cell.source) and not dom["images"]:
             problems.append(f"{name}: plotting cell {i} ({first!r}) shows no image")
