@@ -29,6 +29,7 @@ from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.sampling_extras import pack_prompt_logprobs_wanted, pack_sampling_extras
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.engine.step_cost import StepCostModel
+from minivllm.utils import tracing
 
 
 class Scheduler:
@@ -67,6 +68,10 @@ class Scheduler:
         self._step_shape = (len(scheduled) - len(prefill), sum(prefill))
         if not scheduled:  # the engine may now wait: the next step's time is not this one's
             self._step_start = None
+        if tracing.enabled():  # the step's shape, read next to its execute_model span
+            now = time.perf_counter_ns()
+            tracing.complete("step_tokens", now, now, {"decodes": self._step_shape[0],
+                                                       "prefill_tokens": self._step_shape[1]})
         return output
 
     def _time_last_step(self) -> None:
