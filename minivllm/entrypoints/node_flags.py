@@ -7,6 +7,7 @@ resolve to is decided in one place, minivllm/engine/dp_nodes.py."""
 from __future__ import annotations
 
 import argparse
+import sys
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -26,8 +27,7 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
-        if args is not None:
-            args = [dashed(a) for a in args]
+        args = [dashed(a) for a in (sys.argv[1:] if args is None else args)]
         return super().parse_known_args(args, namespace)
 
 
