@@ -5,9 +5,13 @@ costs, never timed, so nothing here depends on the machine's speed."""
 
 import numpy as np
 import pytest
+from test_llm import MAX_TOKENS, NEAR_TIE, in_process, one_by_one, prompts  # noqa: F401
 from test_scheduler import add, make, step
+from tiny_model import assert_greedy_match
 
+from minivllm import LLM
 from minivllm.engine.step_cost import StepCostModel
+from minivllm.sampling_params import SamplingParams
 
 FIXED, PER_DECODE, PER_TOKEN = 0.010, 0.001, 0.0005  # seconds: a step's known cost
 
@@ -86,3 +90,19 @@ def test_steps_are_timed_from_one_schedule_to_the_next():
     assert s._step_start is None  # finished: the idle time to come is not a step's
     assert not s.has_unfinished_requests()
 
+
+
+def test_capped_prompt_chunks_keep_the_greedy_tokens(tiny_dir, prompts, one_by_one):
+    """test_llm's batch invariance with both caps on: 32 prompts together, their chunks cut to
+    one block a step once the fit holds (a 1 µs target no step can meet), give the tokens of
+    each prompt alone."""
+    reference, ref_logits = one_by_one
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with in_process(), LLM(tiny_dir, target_itl_ms=0.001, long_prefill_token_threshold=24,
+                           max_num_batched_tokens=256) as llm:
+        outs = llm.generate(prompts, greedy, use_tqdm=False)
+        scheduler = llm.engine_core.engine_core.scheduler
+    assert scheduler.step_cost.coef is not None  # the target did cap chunks
+    for i, out in enumerate(outs):
+        assert_greedy_match(reference[i], out.outputs[0].token_ids, ref_logits[i], NEAR_TIE,
+                            f"prompt {i} ({len(prompts[i])} tokens)")
