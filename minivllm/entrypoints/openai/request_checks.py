@@ -130,6 +130,8 @@ def openai_wording(error: dict[str, Any]) -> str | None:
     value, kind = error.get("input"), error.get("type")
     if kind == "finite_number":
         return f"Invalid '{param}': expected a finite number, but got {value} instead."
+    if kind == "value_error":  # a check of ours: its own words
+        return f"Invalid '{param}': {error.get('msg', '').removeprefix('Value error, ')}"
     if kind not in BOUND_WORDS:
         return None
     where, op, key = BOUND_WORDS[kind]
