@@ -22,9 +22,10 @@ The launch modes (DP=N engines behind HTTP):
                (arg_utils.py:2456-2465); -dpl 1 -dpr R reaches it for any model, because that
                check runs before hybrid switches to external (:2493-2501)
 
-Where minivllm stops short of vLLM, it says so (minivllm_limits): no DP engines as Ray actors
-(-dpb ray), no multi-port supervisor (-dpm), no front end without engines (-dpl 0), and
-nnodes over DP x TP only in whole replicas. vLLM's rank-0 front end also hears every engine
+Where minivllm stops short of vLLM, it refuses and names the flag (minivllm_limits, and -dpm in
+serve_api_servers): no DP engines as Ray actors (-dpb ray), no multi-port supervisor (-dpm), no
+front end without engines (-dpl 0), nnodes over DP x TP only in whole replicas. The table
+tests/dp_flags_conformance.py holds vLLM's outcome for 67 flag combinations. vLLM's rank-0 front end also hears every engine
 in hybrid and external mode (its DP coordinator: v1/engine/utils.py:1319-1326); minivllm has
 none, so there each node is self-contained.
 """
