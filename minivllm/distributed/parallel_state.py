@@ -81,8 +81,10 @@ def local_ip_toward(address: str) -> str:
 
 
 def advertised_ip(toward: str) -> str:
-    """The address the other nodes reach this one at: VLLM_HOST_IP when set (vLLM's get_ip,
-    vllm/utils/network_utils.py:52-64), else this host's address on the route to `toward`."""
+    """The address the other nodes reach this one at: VLLM_HOST_IP when set, else this host's
+    address on the route to `toward`, the leader. vLLM's get_ip (vllm/utils/network_utils.py:52-91)
+    falls back to the route to 8.8.8.8, then to 2001:4860:4860::8888, then 0.0.0.0: a route
+    that a cluster without internet access may lack, where the route to the leader exists."""
     return envs.host_ip() or local_ip_toward(toward)
 
 
