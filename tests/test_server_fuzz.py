@@ -131,3 +131,13 @@ def test_penalties_and_logit_bias_reach_the_sampler(server):
     assert len(set(plain["tokens"])) < 12, "the reference text does not repeat a token"
     penalized = post_json(server, "/v1/completions", {**base, "frequency_penalty": 2})
     assert penalized.json()["choices"][0]["logprobs"]["tokens"] != plain["tokens"]
+
+
+def test_a_refused_top_k_is_no_engine_error_in_metrics(server):
+    def errors() -> str:
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        return [line for line in text.splitlines() if 'finished_reason="error"' in line][0]
+    before = errors()
+    r = post_json(server, "/v1/completions", {"prompt": "Hello", "top_k": 2**70})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text
+    assert errors() == before
