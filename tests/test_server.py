@@ -135,6 +135,7 @@ def test_models_health_metrics_and_api_key(server, client):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
     assert r.status_code == 401
     assert metric(server, "kv_cache_blocks_total") > 0
+    assert metric(server, "num_preemptions_total") >= 0  # the engines' count, as vLLM's
     client.completions.create(model="tiny", prompt="x", max_tokens=1)  # one, whatever ran before
     assert metric(server, "time_to_first_token_seconds_count") > 0
 

@@ -318,3 +318,23 @@ def test_a_long_prompt_is_tokenized_without_holding_the_gil(tiny_dir):
     released = longest_gap_while(lambda: serving.encode(text))
     print(f"longest wait for the GIL: {held:.3f} s holding, {released:.3f} s releasing")
     assert released < STALL_SHARE * held, (released, held)
+
+
+def test_preemptions_are_counted_in_metrics(tiny_dir):
+    """A KV cache of 20 blocks under four 200-token streams preempts; /metrics says how often
+    (vLLM's vllm:num_preemptions)."""
+    from minivllm.engine.config import EngineConfig
+    config = EngineConfig(model=tiny_dir)
+    block_bytes = config.block_size * config.kv_bytes_per_token
+    with ServerProcess([tiny_dir, "--kv-cache-memory-bytes", str(20 * block_bytes),
+                        "--max-model-len", "256"]) as proc:
+        body = {"prompt": "The capital", "max_tokens": 200, "ignore_eos": True}
+        threads = [threading.Thread(target=httpx.post, args=(proc.url + "/v1/completions",),
+                                    kwargs={"json": body, "timeout": 300}) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        text = httpx.get(proc.url + "/metrics", timeout=30).text
+    line = [x for x in text.splitlines() if x.startswith("minivllm:num_preemptions_total")]
+    assert line and float(line[0].split()[-1]) > 0, line

@@ -78,6 +78,11 @@ class ServerMetrics:
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
         self.kv_used = gauge("kv_cache_blocks_used", "KV-cache blocks in use.")
         self.kv_total = gauge("kv_cache_blocks_total", "KV-cache blocks in all.")
+        # vLLM's counter vllm:num_preemptions (vllm/v1/metrics/loggers.py:739); here the
+        # engines' own running count, read at a scrape, so a gauge that every API server
+        # reports alike rather than a counter each would add to
+        self.preemptions = gauge("num_preemptions_total", "Requests preempted so far (their "
+                                 "blocks freed for others; they run their prompt again).")
         self.prompt_tokens = Counter("minivllm:prompt_tokens", "Prompt tokens processed.", labels,
                                      registry=self.registry).labels(**self.labels)
         self.generation_tokens = Counter("minivllm:generation_tokens", "Tokens generated.",
@@ -126,6 +131,7 @@ class ServerMetrics:
         self.kv_used.set(used)
         self.kv_total.set(total)
         self.kv_usage.set(used / total if total else 0.0)
+        self.preemptions.set(stats.get("num_preemptions", 0))
 
     def render(self) -> bytes:
         if not os.environ.get(MULTIPROC_ENV):
