@@ -21,6 +21,7 @@ import zmq
 
 from minivllm.judge.api import Fail, check_equal, scaled, test
 from minivllm.judge.bounded import call_bounded, open_fds, start_call
+from minivllm.judge.polls import check_polls_time_left
 
 READY = b"READY"
 JOIN_S = scaled(5.0)  # subscriptions over loopback arrive in milliseconds
@@ -36,11 +37,11 @@ LEAVE_T = scaled(1.0)  # a reader that subscribes and leaves: the timeout for n=
 class Writer:
     """The judge's writer: an XPUB with XPUB_VERBOSE on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, sndhwm: int = 0) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.SNDHWM, sndhwm)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind("tcp://127.0.0.1:0")
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -66,9 +67,9 @@ def _call(fn, *args):
 
 
 @contextlib.contextmanager
-def _bench(impl, n: int, ready: bool = False):
+def _bench(impl, n: int, ready: bool = False, sndhwm: int = 0):
     """The judge's writer and n of your readers, subscribed (and past READY if `ready`)."""
-    w, readers = Writer(), []
+    w, readers = Writer(sndhwm), []
     try:
         for _ in range(n):
             readers.append(impl.RemoteReader(w.address))
@@ -242,8 +243,13 @@ def _shape(frames) -> str:
     return f"{len(frames)} frame(s) of {[len(f) for f in frames]} bytes"
 
 
+BURST_N = 4000  # four times ZMQ's default SNDHWM of the writer's XPUB (vLLM keeps the default)
+
+
 @test(input="12 distinct multipart messages: frames of 0, 1, 8191-8193, 65535-65537 and "
-            "1 MiB + 1 bytes, empty frames, 1 to 3 frames a message")
+            "1 MiB + 1 bytes, empty frames, 1 to 3 frames a message; then a burst of "
+            f"{BURST_N} messages from a writer with ZMQ's default SNDHWM (1000) while the reader "
+            "reads nothing, then dequeue them all")
 def frames_in_order(impl):
     with _bench(impl, 1, ready=True) as (w, [r]):
         msgs = _messages()
@@ -260,6 +266,32 @@ def frames_in_order(impl):
                        if len(got) != len(want) else "the frames' bytes must come back unchanged")
                 raise Fail(f"message {k} came as {_shape(got)}, the writer sent "
                            f"{_shape(want)}: {why}", input=f"message {k} of {len(msgs)}")
+    _burst(impl)
+
+
+def _burst(impl) -> None:
+    """vLLM's XPUB keeps ZMQ's default SNDHWM (1000): a PUB drops what a subscriber's queue
+    cannot take. A reader whose SUB keeps reading TCP (RCVHWM 0, no limit) takes all of a burst
+    it is not reading yet; one with a small RCVHWM stops reading, and the writer drops the rest."""
+    with _bench(impl, 1, ready=True, sndhwm=1000) as (w, [r]):
+        got, body = [], b"." * 1024
+        for k in range(BURST_N):
+            w.sock.send(b"burst %d " % k + body)
+            if k % 100 == 99:
+                time.sleep(0.001)  # the writer's I/O thread keeps up with its queue
+        while True:  # an "end" sent while the writer's queue is full is dropped too: send more
+            w.sock.send(b"end")
+            if (m := r.dequeue(HANG_S)) == [b"end"]:
+                break
+            got.append(m)
+        if len(got) != BURST_N:
+            have = {bytes(m[0]).split(b" ")[1] for m in got}
+            missing = next(k for k in range(BURST_N) if b"%d" % k not in have)
+            raise Fail(f"a burst of {BURST_N} messages sent while the reader read nothing: "
+                       f"{len(got)} arrived (the first missing is {missing}). The writer's XPUB "
+                       "keeps ZMQ's default SNDHWM (as vLLM's does) and drops what a subscriber "
+                       "does not take: the SUB must keep reading into its own queue (RCVHWM 0: no "
+                       "limit), so that every message the writer sent arrives, in order")
 
 
 def _subscriber(ctx, address):
@@ -411,6 +443,8 @@ def wait_deadline_is_total(impl):
                  lambda: impl.wait_for_readers(w.sock, TRICKLE_N, TOTAL_T),
                  f"wait_for_readers(n={TRICKLE_N}, timeout={TOTAL_T:g})")
         _check_nothing_sent(w, subs)
+        check_polls_time_left(lambda t: impl.wait_for_readers(w.sock, TRICKLE_N + 1, t),
+                              f"wait_for_readers(xpub, {TRICKLE_N + 1}, timeout)", HANG_S)
     finally:
         for s in subs:
             s.close()
@@ -449,6 +483,9 @@ def read_deadline_is_total(impl):
                                  lambda: r.read(TRICKLE_N, TOTAL_T),
                                  f"read({TRICKLE_N}, {TOTAL_T:g})", w.address)
         _check_count_told(w, r, message, sent)
+        check_polls_time_left(r.dequeue, "dequeue(timeout)", HANG_S)
+        check_polls_time_left(lambda t: r.read(1, t), "read(1, timeout)", HANG_S)
+        check_polls_time_left(r.wait_until_ready, "wait_until_ready(timeout)", HANG_S)
 
 
 def _check_count_told(w, r, message: str, sent: int) -> None:
