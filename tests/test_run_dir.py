@@ -3,18 +3,19 @@ stops its children and removes its folder, and the next owner sweeps the folders
 that were SIGKILLed. Nothing of another prefix, or of a live owner, is touched."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import nbformat
 import psutil
 from nbclient import NotebookClient
 
 from minivllm.utils.resource_names import resource_prefix
-from minivllm.utils.run_dir import CLOCK_SLACK_S, RUN_DIR_ENV, _owner_alive, run_dir
+from minivllm.utils.run_dir import (OWNER_FILE, RUN_DIR_ENV, _owner_alive, run_dir,
+                                    start_ticks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_CELL = """
@@ -53,21 +54,29 @@ def test_a_new_owner_sweeps_the_folders_of_dead_owners_and_nothing_else():
     os.rmdir(alive), os.rmdir(other)
 
 
-def test_an_owner_pid_reused_by_a_later_process_is_a_dead_owner():
-    """A SIGKILLed owner's pid, given by the kernel to a process started after the folder was
-    made, does not keep the folder (the sweep and the exit cleanup ask _owner_alive): that
-    process started after the folder last changed, so it cannot have made it."""
-    folder = tempfile.mkdtemp(prefix=f"{resource_prefix()}-run{os.getpid()}-")
-    time.sleep(CLOCK_SLACK_S + 0.5)  # a process started from now on started after the folder
+def test_an_owner_pid_reused_by_another_process_is_a_dead_owner():
+    """A SIGKILLed owner's pid, given by the kernel to another process, does not keep the
+    folder: the folder records its owner's start time, and the new process has another."""
     later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    folder = tempfile.mkdtemp(prefix=f"{resource_prefix()}-run{later.pid}-")
     try:
-        assert _owner_alive(os.getpid(), folder), "the live owner that made it is not alive"
-        assert not _owner_alive(later.pid, folder), "a later process counts as the owner"
+        record = os.path.join(folder, OWNER_FILE)
+        with open(record, "w") as f:
+            f.write(str(start_ticks(later.pid) - 1))  # the owner that died, a tick earlier
+        assert not _owner_alive(later.pid, folder), "a reused pid counts as the owner"
+        subprocess.run([sys.executable, "-c",
+                        "from minivllm.utils.run_dir import run_dir; run_dir()"],
+                       env=fresh_env(), check=True, cwd=ROOT)
+        assert not os.path.exists(folder), "the sweep kept a reused pid's folder"
+        os.makedirs(folder)
+        with open(record, "w") as f:
+            f.write(str(start_ticks(later.pid)))
+        assert _owner_alive(later.pid, folder), "the live owner that made it is not alive"
         assert not _owner_alive(dead_pid(), folder)
     finally:
         later.kill()
         later.wait()
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_terminated_owner_stops_its_children_and_removes_its_folder():

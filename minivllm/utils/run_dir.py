@@ -17,8 +17,8 @@ Who removes what:
     the owner              the whole folder at exit
     any process at exit    the whole folder, if the owner is dead: it was killed
     a new owner            the folders of dead owners (its prefix, its user) when it makes its own;
-                           an owner pid alive but started after its folder last changed is a
-                           reused pid, and its owner dead
+                           an owner pid alive with another start time than the folder records
+                           (OWNER_FILE) is a reused pid, and its owner dead
     a terminated owner     its children and folders, from its SIGTERM handler (utils/owner_exit.py)
 """
 
@@ -36,7 +36,7 @@ import psutil
 from minivllm.utils.resource_names import private_dir, resource_prefix
 
 RUN_DIR_ENV = "MINIVLLM_RUN_DIR"
-CLOCK_SLACK_S = 2.0  # a process's start time is known to about a second (boot time's rounding)
+OWNER_FILE = "owner-start"  # in a run folder: its owner's start_ticks
 _OWNER = re.compile(r"-run(\d+)-[^/]*$")
 _cleanup_registered_in: int | None = None  # the pid whose exit removes its folders
 _known_dead: set[int] = set()  # told by utils/mp: the parent's death pipe closed
@@ -53,6 +53,8 @@ def run_dir() -> str:
     if not (os.path.isdir(path) and os.path.dirname(path) == tempfile.gettempdir()):
         _sweep_dead_owners()
         path = private_dir(f"run{os.getpid()}")
+        with open(os.path.join(path, OWNER_FILE), "w") as f:
+            f.write(str(start_ticks(os.getpid())))
         _made.append(path)
         os.environ[RUN_DIR_ENV] = path  # children started from now on share it
     _register_cleanup()
@@ -108,18 +110,29 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process pid started, in clock ticks since boot (/proc/<pid>/stat's 22nd field): a
+    pid's identity across reuse, unmoved by changes of the wall clock."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _owner_alive(pid: int, path: str) -> bool:
     """Whether process pid is alive and is the one that made `path`: a pid the kernel gave to
-    a new process after the owner died belongs to a process started after the folder last
-    changed (its owner made it, so had started before)."""
+    a new process after the owner died has another start time than the one the owner wrote
+    into its folder. A folder with no record (or no /proc) counts its live pid as its owner."""
     if not _pid_alive(pid):
         return False
     try:
-        return psutil.Process(pid).create_time() <= os.stat(path).st_ctime + CLOCK_SLACK_S
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, OSError):  # unknown: keep the folder
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            recorded = int(f.read())
+    except (OSError, ValueError):
         return True
+    now = start_ticks(pid)
+    return now is None or now == recorded
 
 
 def _register_cleanup() -> None:
