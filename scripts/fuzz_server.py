@@ -77,14 +77,15 @@ def main() -> int:
     args = p.parse_args()
     if args.url:
         return report(args.url, args.examples, None)
-    model = args.model
-    if model == "tiny":
-        from tiny_model import make_tiny_model_dir
-        model = make_tiny_model_dir(tempfile.mkdtemp(prefix="minivllm-fuzz-"))
-    serve_args = ([] if model == "bundled" else [model]) + ["--served-model-name", "tiny",
-                                                            "--max-model-len", "256"]
-    with ServerProcess(serve_args) as server:
-        return report(server.url, args.examples, server)
+    with tempfile.TemporaryDirectory(prefix="minivllm-fuzz-") as tmp:
+        model = args.model
+        if model == "tiny":
+            from tiny_model import make_tiny_model_dir
+            model = make_tiny_model_dir(tmp)
+        serve_args = ([] if model == "bundled" else [model]) + [
+            "--served-model-name", "tiny", "--max-model-len", "256"]
+        with ServerProcess(serve_args) as server:
+            return report(server.url, args.examples, server)
 
 
 def report(url: str, examples: int, server: ServerProcess | None) -> int:
