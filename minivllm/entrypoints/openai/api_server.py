@@ -25,7 +25,6 @@ and on idle connections in http_limits.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import hashlib
