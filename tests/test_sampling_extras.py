@@ -136,3 +136,24 @@ def test_the_extras_reach_tensor_parallel_workers(tiny_dir_tp2):
         held, _ = tokens(llm, stop_token_ids=[forced[0]], min_tokens=2, logit_bias={42: 100.0})
     assert forced == [42] * 6
     assert held[:2] != [42, 42] and 42 not in held[:2]
+
+
+def test_a_row_whose_settings_raise_fails_alone():
+    """A row whose packed settings cannot be applied is reported, and the other rows still get
+    theirs (the worker then fails that request only)."""
+    reqs = [Request(f"r{i}", np.array([0], np.int32), SamplingParams(logit_bias={1: 5.0}),
+                    eos_token_id=3, block_size=16) for i in range(2)]
+    extras = pack_sampling_extras(reqs, np.array([True, True]))
+    extras.bias_values = extras.bias_values[:1]  # row 1's bias value is missing
+    logits = torch.zeros(2, 4)
+    failed = apply_sampling_extras(logits, extras, {0: 0, 1: 1})
+    assert list(failed) == [1] and "sampling settings failed" in failed[1]
+    assert logits[0].tolist() == [0, 5.0, 0, 0]
+
+
+def test_a_tiny_repetition_penalty_is_applied_not_fatal(llm):
+    """1e-300 is in vLLM's range (finite, > 0); as a float32 it would be 0 and 1/0 raised in the
+    worker, which killed the engine core."""
+    out, reason = tokens(llm, repetition_penalty=1e-300)
+    assert reason == "length" and len(out) == 6
+    assert tokens(llm)[1] == "length"

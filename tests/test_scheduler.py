@@ -138,3 +138,19 @@ def test_scheduling_does_not_count_tokens_until_the_step_is_made():
     assert so.num_computed_tokens.tolist() == [0] and r.num_computed_tokens == 9
     assert r.num_cached_tokens == 0  # admitted once, with no prefix-cache hit
 
+
+
+def test_a_row_the_worker_failed_ends_its_request_only():
+    s = make()
+    add(s, "a", 5)
+    add(s, "b", 5)
+    step(s)
+    so = s.schedule()
+    sampled = np.where(so.sample_rows, 7, -1).astype(np.int32)
+    out = s.update_from_output(so, ModelRunnerOutput(so.req_ids, sampled,
+                                                     failed={"a": "sampling settings failed"}))
+    by_id = {o.request_id: o for o in out.outputs}
+    assert by_id["a"].finish_reason is not None and by_id["a"].error == "sampling settings failed"
+    assert by_id["a"].new_token_ids == [] and "a" in out.finished_requests
+    assert by_id["b"].new_token_ids == [7] and not by_id["b"].finished
+    assert [r.request_id for r in s.running] == ["b"] and "a" not in s.requests

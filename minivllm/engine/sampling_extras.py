@@ -58,7 +58,7 @@ def pack_sampling_extras(requests: list[Request], sample_rows: np.ndarray) -> Sa
         rows=np.array(rows, np.int32),
         presence_penalty=np.array([p.presence_penalty for p in params], np.float32),
         frequency_penalty=np.array([p.frequency_penalty for p in params], np.float32),
-        repetition_penalty=np.array([p.repetition_penalty for p in params], np.float32),
+        repetition_penalty=np.array([p.repetition_penalty for p in params], np.float64),
         prompt_ids=prompt_ids, prompt_offsets=prompt_offsets,
         output_ids=output_ids, output_offsets=output_offsets,
         bias_ids=bias_ids, bias_values=bias_values, bias_offsets=bias_offsets,

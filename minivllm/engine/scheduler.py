@@ -24,7 +24,7 @@ import numpy as np
 
 from minivllm.engine.config import SchedulerConfig
 from minivllm.engine.kv_cache_manager import KVCacheManager
-from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.sampling_extras import pack_prompt_logprobs_wanted, pack_sampling_extras
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -214,6 +214,7 @@ class Scheduler:
         outputs = []
         ro = runner_output
         prompt_lps = self._prompt_logprobs(scheduler_output, ro)
+        outputs += self._fail_requests(ro.failed)
         for row, (req_id, token) in enumerate(zip(ro.req_ids, ro.sampled_token_ids.tolist())):
             request = self.requests.get(req_id)
             if request is None or request.is_finished:
@@ -242,6 +243,19 @@ class Scheduler:
             self._step_start = None
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
                                  timestamp=time.monotonic())
+
+    def _fail_requests(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
+        """End the requests whose rows failed in the worker with their error; the step's
+        other requests go on."""
+        outputs = []
+        for req_id, reason in failed.items():
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            request.status = RequestStatus.FINISHED_ABORTED
+            self._free_request(request)
+            outputs.append(EngineCoreOutput(req_id, [], FinishReason.ERROR, error=reason))
+        return outputs
 
     def _prompt_logprobs(self, so: SchedulerOutput, ro: ModelRunnerOutput) -> dict[str, tuple]:
         """request id -> (token ids, logprobs, ranks) of the prompt positions scored this step."""

@@ -24,7 +24,7 @@ class SamplingExtras(msgspec.Struct, array_like=True, gc=False):
     rows: np.ndarray  # int32 (R,): the step's rows these apply to
     presence_penalty: np.ndarray  # float32 (R,)
     frequency_penalty: np.ndarray  # float32 (R,)
-    repetition_penalty: np.ndarray  # float32 (R,)
+    repetition_penalty: np.ndarray  # float64 (R,): float32 would make 1e-300 a zero
     prompt_ids: np.ndarray  # int32, the prompts of rows with a penalty (else empty)
     prompt_offsets: np.ndarray  # int64 (R + 1,)
     output_ids: np.ndarray  # int32, the outputs so far of rows with a penalty (else empty)
@@ -85,3 +85,4 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     logprobs: np.ndarray | None = None  # float32 (B, 1 + K)
     sampled_token_ranks: np.ndarray | None = None  # int32 (B,)
     prompt_logprobs: PromptLogprobs | None = None  # for SchedulerOutput.prompt_logprobs
+    failed: dict[str, str] = {}  # request id -> why its row failed (the others' went on)

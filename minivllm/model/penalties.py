@@ -34,25 +34,38 @@ def _penalise(row: torch.Tensor, prompt: torch.Tensor, output: torch.Tensor,
     if repetition != 1.0:
         seen = counts > 0
         seen[prompt] = True
-        scale = torch.where(row > 0, 1.0 / repetition, repetition)
+        # in float64 and as tensors: any finite penalty > 0 (vLLM's range), 1e-300 too, gives
+        # a scale (infinite at worst), never a ZeroDivisionError
+        penalty = torch.tensor(repetition, dtype=torch.float64)
+        scale = torch.where(row > 0, 1.0 / penalty, penalty)
         row.copy_(torch.where(seen, row * scale, row))
     row -= frequency * counts + presence * (counts > 0).to(row.dtype)
 
 
+def _apply_row(row: torch.Tensor, e: SamplingExtras, i: int, spans: tuple) -> None:
+    vocab = row.numel()
+    banned, bias, prompt, output = spans
+    row[_in_vocab(e.banned_ids[banned], vocab)] = float("-inf")
+    ids = e.bias_ids[bias]
+    keep = (ids >= 0) & (ids < vocab)
+    row[torch.from_numpy(ids[keep].astype(np.int64))] += torch.from_numpy(e.bias_values[bias][keep])
+    if e.repetition_penalty[i] != 1 or e.frequency_penalty[i] or e.presence_penalty[i]:
+        _penalise(row, _in_vocab(e.prompt_ids[prompt], vocab),
+                  _in_vocab(e.output_ids[output], vocab), float(e.presence_penalty[i]),
+                  float(e.frequency_penalty[i]), float(e.repetition_penalty[i]))
+
+
 def apply_sampling_extras(logits: torch.Tensor, extras: SamplingExtras,
-                          row_of_step_row: dict[int, int]) -> None:
-    """In place on logits (n, V) whose row row_of_step_row[r] samples the step's row r."""
-    vocab = logits.shape[1]
-    e = extras
-    for i, (step_row, banned, bias, prompt, output) in enumerate(zip(
+                          row_of_step_row: dict[int, int]) -> dict[int, str]:
+    """In place on logits (n, V) whose row row_of_step_row[r] samples the step's row r.
+    Returns {step row: error} for the rows whose settings raised: those requests fail alone,
+    the rest of the step goes on."""
+    e, failed = extras, {}
+    for i, (step_row, *spans) in enumerate(zip(
             e.rows.tolist(), _spans(e.banned_offsets), _spans(e.bias_offsets),
             _spans(e.prompt_offsets), _spans(e.output_offsets))):
-        row = logits[row_of_step_row[step_row]]
-        row[_in_vocab(e.banned_ids[banned], vocab)] = float("-inf")
-        ids = e.bias_ids[bias]
-        keep = (ids >= 0) & (ids < vocab)
-        row[torch.from_numpy(ids[keep].astype(np.int64))] += torch.from_numpy(e.bias_values[bias][keep])
-        if e.repetition_penalty[i] != 1 or e.frequency_penalty[i] or e.presence_penalty[i]:
-            _penalise(row, _in_vocab(e.prompt_ids[prompt], vocab),
-                      _in_vocab(e.output_ids[output], vocab), float(e.presence_penalty[i]),
-                      float(e.frequency_penalty[i]), float(e.repetition_penalty[i]))
+        try:
+            _apply_row(logits[row_of_step_row[step_row]], e, i, spans)
+        except Exception as err:  # noqa: BLE001 - a request's settings fail that request only
+            failed[step_row] = f"sampling settings failed: {type(err).__name__}: {err}"
+    return failed

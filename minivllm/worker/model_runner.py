@@ -71,14 +71,17 @@ class ModelRunner:
                 return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
             orig = order[rows]
             with tracing.span("sample"):
-                tokens = sample(self._processed(logits, so.sampling_extras, orig), *(
-                    torch.from_numpy(a[orig]) for a in (
+                processed, failed = self._processed(logits, so.sampling_extras, orig)
+                tokens = sample(processed, *(torch.from_numpy(a[orig]) for a in (
                     so.temperature, so.top_p, so.top_k, so.seeds, so.num_output_tokens)))
             sampled[orig] = tokens.numpy()
             if so.num_logprobs is not None and (so.num_logprobs[orig] >= 0).any():
                 out = self._with_logprobs(so, logits, tokens, orig, sampled)
-                out.prompt_logprobs = prompt_lps
-                return out
+            else:
+                out = ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
+            out.prompt_logprobs = prompt_lps
+            out.failed = {so.req_ids[r]: why for r, why in failed.items()}
+            return out
         return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled,
                                  prompt_logprobs=prompt_lps)
 
@@ -106,14 +109,15 @@ class ModelRunner:
 
     @staticmethod
     def _processed(logits: torch.Tensor, extras: SamplingExtras | None,
-                   orig: np.ndarray) -> torch.Tensor:
+                   orig: np.ndarray) -> tuple[torch.Tensor, dict[int, str]]:
         """The logits to sample from: with penalties, logit_bias and min_tokens applied to a
-        copy, so that logprobs still come from the raw logits (vLLM's "raw_logprobs")."""
+        copy, so that logprobs still come from the raw logits (vLLM's "raw_logprobs"); and the
+        step rows whose settings failed."""
         if extras is None:
-            return logits
+            return logits, {}
         processed = logits.clone()
-        apply_sampling_extras(processed, extras, {int(r): j for j, r in enumerate(orig)})
-        return processed
+        failed = apply_sampling_extras(processed, extras, {int(r): j for j, r in enumerate(orig)})
+        return processed, failed
 
     @staticmethod
     def _with_logprobs(so: SchedulerOutput, logits: torch.Tensor, tokens: torch.Tensor,
