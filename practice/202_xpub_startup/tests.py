@@ -19,7 +19,7 @@ import zmq
 
 from minivllm.judge import procfs
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
-from minivllm.judge.polls import PollLog
+from minivllm.judge.polls import PollLog, check_polls_time_left
 from minivllm.utils.zmq import IpcDir
 
 LATE_S = 0.5  # the judge's subscribers connect this long after they start: the slow joiner
@@ -347,6 +347,8 @@ def waits_count_in_total(impl):
             check_equal(seen, 3, "wait_for_subscribers(3) after the third subscription")
             check_equal(pub.wait_for_subscribers(2, IN_PROCESS_JOIN_S), 3,
                         "wait_for_subscribers(2) after 3 subscriptions: the count, not n")
+            check_polls_time_left(lambda t: pub.wait_for_subscribers(4, t),
+                                  "wait_for_subscribers(4, timeout) with 3 subscribed", JOIN_S)
         finally:
             stop.set()
             joiner.join()
@@ -398,6 +400,9 @@ def receive_waits_per_message(impl):
                    f"6 messages that came every {TRICKLE_S:.2g} s: `timeout` is how long it "
                    f"waits for the next message, counted from the last one, not a limit on "
                    f"the whole call", expected=messages, got=got)
+    with IpcDir() as d:  # nobody publishes there: receive's first wait is its whole timeout
+        check_polls_time_left(lambda t: impl.receive(d.path("pub"), 1, t),
+                              "receive(address, 1, timeout)", JOIN_S)
 
 
 def _trickle_round(impl, messages):
