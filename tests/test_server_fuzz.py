@@ -112,9 +112,13 @@ def test_out_of_range_and_unsupported_values_are_400_naming_the_field(server, fi
     assert err["param"] == field and words in err["message"], err
 
 
-def test_do_nothing_values_of_unsupported_fields_and_a_top_k_past_the_vocabulary_run(server):
+def test_do_nothing_values_of_unsupported_fields_and_extreme_valid_values_run(server):
+    """Each used to kill the engine core: a top_k past int32, and a repetition penalty that a
+    float32 turns into 0 (scripts/fuzz_server.py found it)."""
     for extra in ({"best_of": 1}, {"suffix": None}, {"response_format": {"type": "text"}},
                   {"top_k": 2**31, "temperature": 1}, {"top_k": 2**63 - 1, "temperature": 1},
+                  {"repetition_penalty": 1e-300, "temperature": 1},
+                  {"repetition_penalty": 1e300, "temperature": 0},
                   {"user": "someone", "no_such_field": 1}):
         r = post_json(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, **extra})
         assert r.status_code == 200, (extra, r.text)
