@@ -56,6 +56,9 @@ SCENARIOS = {
 }
 # The error body of a prompt that is no scenario: not UTF-8 (a proxy's page in latin-1, say).
 NO_SCENARIO_BODY = b'{"error": "no such scenario, caf\xe9"}'
+# A 503 whose body never ends (a proxy that streams its error page, say): bytes keep coming,
+# so no socket timeout fires; a client that reads the whole body waits for ever.
+ENDLESS_ERROR = "endless error body"
 
 HOLD_OPEN = 3  # the concurrency of the 'held' check
 HOLD_S = scaled(3.0)  # a stream held longer than this waits for streams that never come
@@ -88,6 +91,17 @@ class Server:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def send_endless_error(self):
+                try:
+                    self.send_response(503)
+                    self.send_header("Content-Type", "text/plain")
+                    self.end_headers()
+                    while not judge.released.wait(0.005):  # until the client goes or the test ends
+                        self.wfile.write(b"overloaded, try again later. " * 4)
+                        self.wfile.flush()
+                except OSError:
+                    pass
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests.append(body)
@@ -100,6 +114,9 @@ class Server:
                 if media != "application/json":
                     self.send_error_body(400, b'{"error": "Unsupported Media Type: only '
                                               b'application/json is allowed"}')
+                    return
+                if body.get("prompt") == ENDLESS_ERROR:
+                    self.send_endless_error()
                     return
                 steps = SCENARIOS.get(body.get("prompt"))
                 if steps is None:
@@ -300,7 +317,8 @@ def bursts_and_split_events(impl):
 
 @test(input="stream_request's signature; HTTP 500 ('no such scenario', a body in latin-1); 'cut' (2 tokens, then the "
             "server closes without [DONE]); 'error' (1 token, then data: {\"error\": ...}); "
-            "'stall' (1 token, then silence) with timeout=1; a port nobody listens on",
+            "'stall' (1 token, then silence) with timeout=1; HTTP 503 whose body never ends, "
+            "timeout=1; a port nobody listens on",
       timeout=30)
 def failures(impl):
     check_equal(inspect.signature(impl.stream_request).parameters["timeout"].default, 30.0,
@@ -315,6 +333,7 @@ def failures(impl):
                        "choices): a server's error mid-stream is ok False and a message in "
                        "error, never an exception", got=repr(e)) from None
         _check_gives_up_on_a_silent_server(impl, s)
+        _check_endless_error_body(impl, s)
     if bad.ok or "500" not in bad.error:
         raise Fail("a 500 response whose body is not UTF-8: ok False and the status in error "
                    "(decode the body so that no byte can fail it, or leave it out)",
@@ -353,6 +372,23 @@ def _check_gives_up_on_a_silent_server(impl, server):
         raise Fail("a stream silent for longer than `timeout` after one token: ok False, an "
                    "error, and the token that did arrive kept",
                    expected=(False, "an error", 1), got=(r.ok, r.error, r.n_tokens))
+
+
+def _check_endless_error_body(impl, server):
+    done, limit = {}, STALL_TIMEOUT_S + scaled(4.0)
+    t = threading.Thread(target=lambda: done.setdefault("r", impl.stream_request(
+        "127.0.0.1", server.port, ENDLESS_ERROR, 5, timeout=STALL_TIMEOUT_S)), daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        raise Fail(f"stream_request(..., timeout={STALL_TIMEOUT_S:g}) was still reading {limit:g} s "
+                   "into an HTTP 503 whose body never ends (bytes keep coming, so no timeout "
+                   "fires): put the status in `error` with at most a bounded part of the body "
+                   "(resp.read(200)), never the body read to its end; the README: never a hang")
+    r = done["r"]
+    if r.ok or "503" not in (r.error or ""):
+        raise Fail("an HTTP 503 whose body never ends: ok False and the status in error",
+                   expected=(False, "... 503 ..."), got=(r.ok, r.error))
 
 
 def _result(impl, ttft, itls, n, ok=True):
