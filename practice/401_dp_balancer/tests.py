@@ -17,6 +17,7 @@ import msgspec
 import zmq
 
 from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.polls import PollLog, check_polls_time_left
 from minivllm.judge.procfs import fd_count
 from minivllm.utils.zmq import IpcDir
 
@@ -121,6 +122,8 @@ def ready_and_timeout(impl):
     for _ in range(TRICKLE_ROUNDS):
         with Bench(impl, 4, [0.3 * s, never, 0.6 * s, 0.9 * s], ready=False) as b:
             if _check_total_timeout(b, timeout=s):
+                check_polls_time_left(b.client.wait_ready, "wait_ready(timeout) with engine 1 "
+                                      "missing", WAIT_S)
                 _check_shutdown_skips_a_missing_engine(b)
                 return
     raise Fail(f"in {TRICKLE_ROUNDS} rounds the judge called wait_ready too late to see the "
@@ -318,6 +321,7 @@ def explicit_engine_and_bad_input(impl):
         check_equal(got, 0, "add_request('f', engine=0)")
         check_equal(b.client.poll_outputs(QUIET_S), [], f"poll_outputs({QUIET_S:g}) when no "
                                                         "engine has sent anything")
+        check_polls_time_left(b.client.poll_outputs, "poll_outputs(timeout)", WAIT_S)
 
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0', 'r4']) after engine 0 "
@@ -384,8 +388,15 @@ def _poll_once_both_sent(b, sent, quiet):
         time.sleep(0.005)
     time.sleep(quiet)  # both are sent; give them the time to arrive
     start = time.monotonic()
-    outs = b.client.poll_outputs(WAIT_S)
-    return outs, time.monotonic() - start
+    with PollLog() as log:
+        outs = b.client.poll_outputs(WAIT_S)
+    took, polls = time.monotonic() - start, [ms for _, ms in log.calls]
+    again = [ms for ms, found in list(zip(polls, log.found))[1:] if not found and ms != 0]
+    if outs and again:  # a poll after the first that found nothing, having waited for it
+        raise Fail(f"poll_outputs({WAIT_S:g}) took its outputs, then waited again for more "
+                   f"(poll({again[0]})): the README has it take every output already there "
+                   "without waiting again (poll(0))", got=f"its polls: {polls}")
+    return outs, took
 
 
 @test(input="two clients side by side, 2 engines each: r0 to the first; the first closed; then "
