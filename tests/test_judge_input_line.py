@@ -126,17 +126,6 @@ def test_a_hang_with_no_step_is_named_by_the_learners_call_it_was_in(inputs):
                                           "when the judge stopped the test")
 
 
-CLOSES_CONN = '''
-    try:
-        try:
-            result = target(*args)
-        except Exception as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            return
-        conn.send(("ready", result))
-    finally:
-        conn.close()
-'''
 SOLUTION_ENTRY = '''
     try:
         result = target(*args)
@@ -145,6 +134,9 @@ SOLUTION_ENTRY = '''
         return
     conn.send(("ready", result))
 '''
+# the same entry, closing conn after the send (the README allows it: conn is the worker's)
+CLOSES_CONN = ("\n    try:" + textwrap.indent(SOLUTION_ENTRY, "    ")
+               + "    finally:\n        conn.close()\n")
 
 
 def answer_101(tmp_path: Path, entry: str) -> Path:
