@@ -55,10 +55,15 @@ def load_progress() -> dict:
         return {}
 
 
+PASSED, FAILING, PASSED_LAST_FAILING = "passed", "failing", "passed; last failing"
+
+
 def save_progress(number: str, passed: bool) -> None:
-    """The last grade of your answer to `number` (the starter or a --file), for the listing."""
+    """Your grade of `number` (the starter or a --file), for the listing: once passed, it stays
+    passed; a later failing grade (a broken copy, an experiment) only shows as the last one."""
     progress = load_progress()
-    progress[number] = "passed" if passed else "failing"
+    ever_passed = str(progress.get(number, "")).startswith(PASSED)
+    progress[number] = PASSED if passed else PASSED_LAST_FAILING if ever_passed else FAILING
     try:
         PROGRESS.write_text(json.dumps(progress, indent=1, sort_keys=True))
     except OSError as e:  # a read-only checkout: the grade stands, only the listing misses it
@@ -69,12 +74,13 @@ def save_progress(number: str, passed: bool) -> None:
 def list_exercises() -> int:
     progress = load_progress()
     rows = exercise.all_exercises()
-    print(f"{'#':<4} {'chapter':<8} {'status':<10} title")
+    statuses = {ex.number: str(progress.get(ex.number, "not tried")) for ex in rows}
+    width = max(len("status"), *map(len, statuses.values()))
+    print(f"{'#':<4} {'chapter':<8} {'status':<{width}} title")
     for ex in rows:
-        status = progress.get(ex.number, "not tried")
         need = f"  [needs {', '.join(ex.requires)}]" if ex.requires else ""
-        print(f"{ex.number:<4} {ex.chapter:<8} {status:<10} {ex.title}{need}")
-    done = sum(progress.get(ex.number) == "passed" for ex in rows)
+        print(f"{ex.number:<4} {ex.chapter:<8} {statuses[ex.number]:<{width}} {ex.title}{need}")
+    done = sum(status.startswith(PASSED) for status in statuses.values())
     print(f"\n{done} of {len(rows)} passed. Grade one with: python judge.py NNN "
           f"(your answer elsewhere: python judge.py NNN --file my_answer.py)")
     return 0
@@ -149,5 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"judge.py: {e}\n")
 
 
+def run_quietly_on_a_closed_pipe() -> int:
+    """main(), but a reader that stops early (`python judge.py | head`) ends it quietly."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush succeeds.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_quietly_on_a_closed_pipe())
