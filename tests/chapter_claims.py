@@ -202,6 +202,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
          "hybrid load balancing: -dpl API servers on every node for its own engines"),
         (r"external node 1: .* -> engines \[1\], 1 API server\(s\), external",
          "-dpl 1 -dpr R is external load balancing for a dense model"),
+        (r"external node 1: .*external, ipc\n +the resolution logged warning: hybrid load balancing "
+         r"with data_parallel_size_local 1: switching to external",
+         "the switch from hybrid to external is logged under the row it explains"),
         (r"-dpr without -dpl .* -> engines \[0, 1, 2, 3\], no API server",
          "-dpr without -dpl is ignored: the node runs every DP rank from 0"),
         (r"-dpl inferred from --nnodes .* -> engines \[2, 3\], 1 API server\(s\), hybrid",
