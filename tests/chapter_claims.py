@@ -143,6 +143,8 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
     ],
     "09": [
         (r"(\d+) processes; chapter 01 says: .* = \1 processes", "the server's tree is chapter 01's count"),
+        (r"each chunk's text, as it arrives:\n['\"].*\n\[\d+ tokens in [0-9.]+ s\]",
+         "the stream is printed chunk by chunk, each chunk's text visible even when it is a newline"),
         (r"-tp 3 --api-server-count 2: counted (\d+) processes; chapter 01's formula: .*launcher.* = "
          r"\1 processes", "self-test 1: -tp 3 with two API servers, a launcher included"),
         (r"not JSON: 400 BadRequestError: (?!Unsupported Media Type)",
