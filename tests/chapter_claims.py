@@ -104,6 +104,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"frame 0: identity b'\\x00\\x00' = engine 0", "the ROUTER's identity frame is the DP rank"),
         (r"frame 1: type byte b'\\x00' = ADD", "the type byte of ADD"),
         (r"on this machine, through the process, a step took", "the boundary's cost is this run's"),
+        (r"on this machine, through the process, a step took [+-][0-9.]+ ms at batch 1 \([+-]\d+% of "
+         r"the in-process step; (\d round\(s\): too few to tell its sign from noise|within the noise|"
+         r"beyond the noise)", "the step's difference says whether its rounds can tell it from noise"),
         (r"engine -> launcher  identity b'\\x01\\x00' = rank 1: \['HELLO', 1, \d+\]",
          "the handshake on the wire: engine 1's HELLO under its identity"),
         (r"launcher -> engine  identity b'\\x01\\x00' = rank 1: \[\['ipc://", "the addresses sent back"),
