@@ -192,6 +192,8 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"on this machine the all-reduce across hosts took [0-9.]+x the one-host time",
          "the all-reduce across hosts is stated from this run"),
         (r"cross_host_tp3_vs_one_host_tp3_b\d+ = [0-9.]+", "TP=3 across hosts runs the whole engine"),
+        (r"cross_host_tp3_vs_one_host_tp3_b\d+ = [0-9.]+: (crossing hosts|one host) was faster, "
+         r"(within|beyond) the noise", "which run was faster, and whether beyond its rounds' spread"),
         (r"kill -9 of the remote worker: detected after \d+ ms",
          "a killed remote worker is detected"),
         (r"(ip link set h1 down|SIGSTOP of the remote process).*: detected after \d+ ms",

@@ -65,8 +65,10 @@ def tp_rows(model: str | None, tokens: int) -> list[dict]:
         return tp_rows_on(c, model, tokens, BATCH, PORT)
 
 
-def tp_rows_on(c, model: str | None, tokens: int, batch: int, port: int) -> list[dict]:
-    """The same on `c`'s hosts (a NetnsCluster, or bench/cross_host.py's loopback stand-in)."""
+def tp_rows_on(c, model: str | None, tokens: int, batch: int, port: int,
+               rounds: int = 1) -> list[dict]:
+    """The same on `c`'s hosts (a NetnsCluster, or bench/cross_host.py's loopback stand-in);
+    each leader times `rounds` rounds (round_tokens_per_s: their spread is the noise)."""
     base = dict(model=model, tensor_parallel_size=3, num_threads=1)
     leader = [sys.executable, "-m", "minivllm.bench._nodes_leader"]
     multi = dict(base, nnodes=3, master_addr=c.addresses[0], master_port=port)
@@ -79,7 +81,7 @@ def tp_rows_on(c, model: str | None, tokens: int, batch: int, port: int) -> list
                      c.addresses[0], "--master-port", str(port), "--num-threads", "1"]
             nodes = [c.popen(i, serve + ["--node-rank", str(i)], stdout=subprocess.DEVNULL)
                      for i in (1, 2)]
-        run = c.popen(0, leader + [json.dumps(args), str(batch), str(tokens)],
+        run = c.popen(0, leader + [json.dumps(args), str(batch), str(tokens), str(rounds)],
                       stdout=subprocess.PIPE, text=True)
         out = run.communicate(timeout=RUN_TIMEOUT_S)[0]
         for node in nodes:
