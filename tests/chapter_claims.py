@@ -40,6 +40,8 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"every byte arrived: True", "the shm ring delivers every byte"),
         (r"on this machine at 1 MiB: \w+ moved the most between processes, [0-9.]+ GB/s = [0-9.]+x "
          r"memcpy", "which transport won at each size is printed from this run, against memcpy"),
+        (r"at 1 MiB: \w+ moved the most .*x memcpy \(the median of \d rounds, as in the summary\)",
+         "at 1 MiB the verdict's ratio is the summary table's"),
     ],
     "03": [
         (r"send at once\s*: \[30, 0, 0\]", "a PUSH that sends at once feeds the first puller"),
@@ -47,6 +49,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"all 3 SUBs got all 5 in 10 of 10 trials", "XPUB waiting for subscriptions loses nothing"),
         (r"the same with ROUTER_MANDATORY: Host unreachable", "ROUTER_MANDATORY refuses an unknown peer"),
         (r"engine 0 got: \[\] \| engine 1 got: \[\[b'ADD req-1'\]\]", "ROUTER drops to an unknown identity"),
+        (r"PUSH, HWM 10     : sent \d+ before Again, received \d+\n  (the loop stopped at its first "
+         r"Again: the PUSH's 10-message pipe was full|\d+ > 10: before the first Again the PUSH's "
+         r"I/O thread moved \d+)", "why the PUSH stopped where it did is printed from this run"),
         (r"PUB,  HWM 10     : sent 20000 \(never blocks\), received \d+: the rest dropped",
          "PUB drops past its high-water mark"),
         (r"the send loop took \d+ ms; (\d+ > 10 \+ 10 because the PUB's I/O thread moved \d+ messages "
