@@ -91,6 +91,8 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
         (r"segments left behind: none", "a failed ring leaves no segment"),
         (r"batched: a quarter ring +[0-9.]+ +0\.\d+", "the batched doorbell sleeps under once a message"),
         (r"4 KiB, after a fork +[0-9.]+ +[1-9]\d{3,}", "a forked child's pages fault on every copy"),
+        (r"on this machine numpy's ring \(\d+% in 2 MiB pages\) copied [0-9.]+x the GB/s of 4 KiB pages",
+         "what 2 MiB pages buy memcpy is printed from this run"),
         (r"on this machine the ring moved [0-9.]+x memcpy at 1 MiB \(median of \d rounds, spread",
          "the ring against memcpy is stated from this run, with its spread"),
     ],
