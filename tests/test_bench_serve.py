@@ -41,6 +41,7 @@ def test_base_url_load_tests_a_running_server(tiny_dir, tmp_path, capsys):
             assert row[key] > 0, (key, row)
         assert row["ttft_p50_ms"] <= row["ttft_p90_ms"] <= row["ttft_p99_ms"]
         assert row["good_requests"] == 5  # 10-minute objectives: every request met them
+        assert row["others_cores"] >= 0  # the LoadMeter's view, the server's CPU taken out
     for column in ["out_tok_per_s", "goodput_req_per_s", *LATENCIES]:
         assert column in printed
     assert record["ratios"] == {}  # no in-process engine to compare with

@@ -40,7 +40,7 @@ import numpy as np
 from minivllm.bench import _openai_client as client
 from minivllm.bench._openai_client import Endpoint, RequestResult, first_model
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
-from minivllm.bench.load import tree_cpu_s, tree_rss_mib
+from minivllm.bench.load import LoadMeter, tree_cpu_s, tree_rss_mib
 from minivllm.bench.serve_metrics import (DEFAULT_PERCENTILES, LATENCY_COLUMNS,  # noqa: F401
                                           THROUGHPUT_COLUMNS, latency_columns, parse_goodput,
                                           summarize)
@@ -138,13 +138,17 @@ def serve_run(endpoint: Endpoint, label: str, prompts: list[list[int]], output_l
         # KV-cache pages are touched for the first time).
         asyncio.run(client.run_load(endpoint, warmups, output_len, concurrency, "warm-up"))
     cpu0, server_cpu0 = time.process_time(), tree_cpu_s(server_pid)
-    results, wall = asyncio.run(client.run_load(endpoint, prompts, output_len, concurrency,
-                                                f"{label} c={concurrency}"))
+    with LoadMeter() as load:
+        results, wall = asyncio.run(client.run_load(endpoint, prompts, output_len, concurrency,
+                                                    f"{label} c={concurrency}"))
     server_cpu = None if server_pid is None else tree_cpu_s(server_pid) - server_cpu0
-    row = summarize(label, concurrency, results, wall, server_cpu, time.process_time() - cpu0,
+    client_cpu = time.process_time() - cpu0
+    row = summarize(label, concurrency, results, wall, server_cpu, client_cpu,
                     percentiles, goodput)
     if server_pid is not None:
         row["server_rss_mib"] = tree_rss_mib(server_pid)
+        # what other programs took of the machine meanwhile (unknown without the server's CPU)
+        row["others_cores"] = load.others_cores(client_cpu + server_cpu)
     for error in sorted({r.error for r in results if r.error})[:3]:
         print(f"c={concurrency}: a request failed: {error}", file=sys.stderr)
     return row
@@ -257,9 +261,11 @@ def run_local(args, model: str, prompts_for, warmups) -> tuple[list[dict], dict]
                                                 config.model_config.vocab_size)
             run_inproc(inproc_engine, warm, args.random_output_len, c)
             cpu0 = time.process_time()
-            results, wall = run_inproc(inproc_engine, prompts, args.random_output_len, c)
-            inproc = summarize("inproc", c, results, wall, time.process_time() - cpu0,
-                               args.percentiles, args.slos)
+            with LoadMeter() as load:
+                results, wall = run_inproc(inproc_engine, prompts, args.random_output_len, c)
+            cpu = time.process_time() - cpu0
+            inproc = summarize("inproc", c, results, wall, cpu, None, args.percentiles, args.slos)
+            inproc["others_cores"] = load.others_cores(cpu)
             rows += [served, inproc]
             if inproc["out_tok_per_s"] and served["cpu_ms_per_tok"]:
                 ratios[f"serve_vs_inproc_c{c}"] = served["out_tok_per_s"] / inproc["out_tok_per_s"]

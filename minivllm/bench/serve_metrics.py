@@ -15,7 +15,7 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vLLM's VALID_NAMES (serve.py:1517)
 
 THROUGHPUT_COLUMNS = ["engine", "concurrency", "requests", "errors", "req_per_s", "out_tok_per_s",
                       "good_requests", "goodput_req_per_s", "e2e_p50_s", "cpu_ms_per_tok",
-                      "client_cpu", "server_rss_mib"]
+                      "client_cpu", "server_rss_mib", "others_cores"]
 
 
 def _name(q: float) -> str:
