@@ -12,7 +12,10 @@ Two caps shorten prompt chunks, so that a step carrying prompts does not stall t
 decode in it: long_prefill_token_threshold (vLLM's: one request's chunk, only when another
 request is eligible) and target_itl_ms (minivllm's: every prompt token of the step together,
 sized from the measured cost of past steps, step_cost.py, so the step's predicted time stays
-within the target; never below one KV block a step, so prompts always progress).
+within the target; never below one KV block a step, so prompts always progress). A target below
+what the running decodes alone take cannot be met: prompts then move one block a step, first
+tokens wait and fewer streams decode a step, so throughput falls (scripts/side_by_side_steps.py
+measures the trade against a smaller max_num_batched_tokens).
 """
 
 from __future__ import annotations
