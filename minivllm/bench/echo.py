@@ -9,9 +9,10 @@ loop (one_pass: Worker.prompt_logprobs, the whole-prompt reference). For each: t
 inter-token latency (ITL) p50, p99 and max while the long prompt is in the engine, and the peak
 resident memory of the engine's processes above the idle engine.
 
-Headline: chunked_minus_alone_p99_ms next to chunk_step_ms (the median ITL of a step that
-carries a full prefill chunk, from the plain run): logprobs computed in chunks must move the
-stream's p99 by less than one such step.
+Headline: chunked_minus_plain_p99_ms next to chunk_step_ms (the median ITL of a step that
+carries a full prefill chunk, from the plain run). Any long prompt slows the stream by its
+prefill chunks (plain vs alone); what the logprobs add on top (chunked vs plain) must stay under
+one such step. one_pass shows what scoring the whole prompt at once inside the loop costs.
 """
 
 from __future__ import annotations
@@ -142,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["mode", "itl_p50_ms", "itl_p99_ms", "itl_max_ms", "gaps", "load_s",
                        "peak_rss_over_idle_mib"])
     chunk_step = by["plain"]["itl_p50_ms"]
-    moved = by["chunked"]["itl_p99_ms"] - by["alone"]["itl_p99_ms"]
-    ratios = {"chunked_minus_alone_p99_ms": round(moved, 1), "chunk_step_ms": round(chunk_step, 1),
+    moved = by["chunked"]["itl_p99_ms"] - by["plain"]["itl_p99_ms"]
+    ratios = {"chunked_minus_plain_p99_ms": round(moved, 1), "chunk_step_ms": round(chunk_step, 1),
               "chunked_vs_plain_p99": round(by["chunked"]["itl_p99_ms"] / by["plain"]["itl_p99_ms"], 3),
               "one_pass_vs_chunked_max": round(by["one_pass"]["itl_max_ms"] / by["chunked"]["itl_max_ms"], 3)}
-    print(f"on this machine logprobs in chunks moved the stream's ITL p99 by {moved:.0f} ms, "
+    print(f"on this machine the prompt's logprobs, computed in chunks, moved the stream's ITL "
+          f"p99 by {moved:+.0f} ms over the same prompt without them: "
           f"{'less' if moved < chunk_step else 'MORE'} than one chunk step ({chunk_step:.0f} ms); "
-          f"one unchunked pass stalled it up to {by['one_pass']['itl_max_ms']:.0f} ms")
+          f"one unchunked pass stalled it up to {by['one_pass']['itl_max_ms']:.0f} ms and took "
+          f"{by['one_pass']['peak_rss_over_idle_mib']:.0f} MiB more memory "
+          f"(chunked: {by['chunked']['peak_rss_over_idle_mib']:.0f})")
     print(load.describe())
     write_json(args.json, "echo", rows, ratios)
     return 0
