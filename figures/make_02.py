@@ -63,25 +63,31 @@ def winners(record: dict) -> list[tuple[int, str, float, float]]:
     return out
 
 
-def _memcpy_row(record: dict, size: int) -> dict:
+def _bw_row(record: dict, transport: str, size: int) -> dict:
     return next(r for r in record["results"] if r["metric"] == "bandwidth"
-                and r["transport"] == "memcpy" and r["size"] == size)
+                and r["transport"] == transport and r["size"] == size)
 
 
-def _ahead(record: dict, size: int, best: str, gbps: float) -> str:
-    """Why a transport, which copies each byte at least once as memcpy does, came out ahead."""
-    m = _memcpy_row(record, size)
-    seen = (f"memcpy's {m['runs']} samples at this size ranged {m['gbps_min']:.2f}-"
-            f"{m['gbps_max']:.2f} GB/s")
-    if m["gbps_max"] >= gbps:
-        return (f"; ahead of memcpy: {seen}, and its fastest beat {best}: memcpy's samples met "
-                f"load that {best}'s runs did not")
-    return (f"; ahead of memcpy: {seen}, every one below {best}'s median: memcpy and {best} "
-            "ran at different moments of the machine's load")
+def _ahead(record: dict, size: int, best: str, load=None) -> str:
+    """Why a transport, which copies each byte at least once as memcpy does, came out ahead:
+    the two sides' samples, and other programs' load only when `load` (a LoadMeter) says BUSY."""
+    m, t = _bw_row(record, "memcpy", size), _bw_row(record, best, size)
+    text = (f"; ahead of memcpy: memcpy's {m['runs']} samples at this size ranged "
+            f"{m['gbps_min']:.2f}-{m['gbps_max']:.2f} GB/s, {best}'s {t['runs']} "
+            f"{t['gbps_min']:.2f}-{t['gbps_max']:.2f}")
+    text += (": the ranges overlap, the spread of the samples decides the order"
+             if m["gbps_max"] >= t["gbps_min"] else
+             f": every memcpy sample below every {best} run")
+    if load is not None and not load.quiet():
+        return text + "; the load meter says BUSY: other programs took cores during the run"
+    if load is not None:
+        return text + "; the load meter says quiet: this machine's own noise, not other programs"
+    return text
 
 
-def winner_lines(record: dict) -> list[str]:
-    """One sentence per size: who moved the most between processes, against memcpy."""
+def winner_lines(record: dict, load=None) -> list[str]:
+    """One sentence per size: who moved the most between processes, against memcpy; `load`, the
+    run's LoadMeter, says whether other programs' load may explain a transport ahead of memcpy."""
     lines = []
     for size, best, gbps, vs in winners(record):
         how = (f"the median of {ipc.REPEATS[record.get('quick', False)]} rounds, as in the summary"
@@ -89,7 +95,7 @@ def winner_lines(record: dict) -> list[str]:
                else "its median GB/s over memcpy's")
         lines.append(f"on this machine at {ipc.fmt_size(size)}: {best} moved the most between "
                      f"processes, {gbps:.2f} GB/s = {vs:.2f}x memcpy ({how})"
-                     + (_ahead(record, size, best, gbps) if vs > 1 else ""))
+                     + (_ahead(record, size, best, load) if vs > 1 else ""))
     return lines
 
 
