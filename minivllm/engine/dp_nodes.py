@@ -25,9 +25,11 @@ The launch modes (DP=N engines behind HTTP):
 Where minivllm stops short of vLLM, it refuses and names the flag (minivllm_limits, and -dpm in
 serve_api_servers): no DP engines as Ray actors (-dpb ray), no multi-port supervisor (-dpm), no
 front end without engines (-dpl 0), nnodes over DP x TP only in whole replicas. The table
-tests/dp_flags_conformance.py holds vLLM's outcome for 67 flag combinations. vLLM's rank-0 front end also hears every engine
-in hybrid and external mode (its DP coordinator: v1/engine/utils.py:1319-1326); minivllm has
-none, so there each node is self-contained.
+tests/dp_flags_conformance.py holds vLLM's outcome for 69 flag combinations. vLLM's rank-0
+front end handshakes with every engine at startup in every mode (v1/engine/utils.py:1319-1326);
+after that it hears them through its DP coordinator in hybrid mode or for an MoE model, while a
+dense model in external mode (-dpl 1 -dpr R) has no coordinator (config/vllm.py:886-892).
+minivllm has no coordinator, so each node of a hybrid or external deployment is self-contained.
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ def resolve_dp_layout(c: Any, is_moe: bool = False) -> None:
     create_engine_config does (c: an EngineConfig being validated, c.headless set when serve
     starts no API server)."""
     dp = c.data_parallel_size
-    if c.headless and c.data_parallel_hybrid_lb:  # :2380-2381
+    if c.headless and c.data_parallel_hybrid_lb:  # :2380-2382
         raise ValueError("data_parallel_hybrid_lb is not applicable in headless mode")
-    if c.data_parallel_hybrid_lb and c.data_parallel_external_lb:  # :2382-2388
+    if c.data_parallel_hybrid_lb and c.data_parallel_external_lb:  # :2383-2389
         raise ValueError("--data-parallel-hybrid-lb and --data-parallel-external-lb cannot be "
                          "enabled together: enable one load-balancing mode")
-    if c.nnodes > 1 and c.data_parallel_backend != "mp":  # :2389-2396
+    if c.nnodes > 1 and c.data_parallel_backend != "mp":  # :2390-2397
         raise ValueError(f"--nnodes {c.nnodes} requires --data-parallel-backend mp, got "
                          f"{c.data_parallel_backend}")
     inferred = _infer_from_node_rank(c) if c.nnodes > 1 else 0
@@ -114,8 +116,8 @@ def resolve_dp_layout(c: Any, is_moe: bool = False) -> None:
             raise ValueError("--data-parallel-hybrid-lb requires --data-parallel-size-local: "
                              "the number of data-parallel ranks on this node")
         if start is not None:
-            logger.warning("-dpr %d without -dpl is ignored, as vLLM ignores it: this node "
-                           "runs DP ranks 0..%d", start, dp - 1)
+            logger.warning("-dpr %d without -dpl does not set this node's start rank (as in "
+                           "vLLM): this node runs DP ranks 0..%d", start, dp - 1)
         local, rank = dp, inferred
     _check_parallel_config(dp, local, rank, external)
     c.data_parallel_size_local, c.data_parallel_start_rank = local, rank

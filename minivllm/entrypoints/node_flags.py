@@ -1,6 +1,7 @@
 """`minivllm serve`'s multi-node and data-parallel flags, with vLLM 0.33.0's spellings and short
 forms (EngineArgs.add_cli_args, vllm/engine/arg_utils.py:1175-1300; --headless and -asc:
-vllm/entrypoints/common/cli_args.py:444-457), and vLLM's parser rule that `--a_b` means
+vllm/entrypoints/common/cli_args.py:444-457; -dph and -dpe take vLLM's --no- forms,
+arg_utils.py:384-386), and vLLM's parser rule that `--a_b` means
 `--a-b` (FlexibleArgumentParser, vllm/utils/argparse_utils.py:157, 375-394). What the flags
 resolve to is decided in one place, minivllm/engine/dp_nodes.py."""
 
@@ -54,7 +55,8 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="the process group's rendezvous port on the leader")
     g.add_argument("--distributed-timeout-seconds", type=int, default=None, metavar="S",
                    help="the process group gives up a rendezvous or collective after S "
-                        "seconds (default 60): every node must join within it")
+                        "seconds: every node must join within it (minivllm's default 60; "
+                        "vLLM's is None, torch's own default)")
     g.add_argument("--cpu-distributed-timeout-seconds", type=int, default=None, metavar="S",
                    help="vLLM's timeout for its gloo (CPU) groups; minivllm's group is gloo, "
                         "so it takes S when --distributed-timeout-seconds is not given")
@@ -64,19 +66,23 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
                         "node; exits when the leader goes away, or on SIGTERM")
     d = p.add_argument_group("data-parallel engines on several nodes (vLLM's flags)")
     d.add_argument("-dpl", "--data-parallel-size-local", type=int, default=None,
-                   help="DP engines on this node (default: -dp; with --nnodes, this node's "
-                        "share of DP x TP)")
+                   help="DP engines on this node (default: -dp; with --nnodes and no -dpe, "
+                        "vLLM's max(DP x TP / nnodes // TP, 1) replicas)")
     d.add_argument("-dpr", "--data-parallel-start-rank", type=int, default=None,
-                   help="the first DP rank on this node; read only when -dpl is given or "
-                        "--nnodes infers it (else ignored: ranks from 0). Without --headless: "
-                        "hybrid load balancing (with -dpl 1: external)")
+                   help="the first DP rank on this node, read only when -dpl is given or "
+                        "--nnodes infers it (else the engines start at rank 0). Without "
+                        "--headless: hybrid load balancing (with -dpl 1: external); without "
+                        "-dpl too, serve still counts API servers as hybrid (default 1) and "
+                        "refuses it with -dpe/-dpn, as vLLM does")
     d.add_argument("-dpn", "--data-parallel-rank", type=int, default=None,
                    help="this API server's one DP engine: external load balancing, for MoE "
                         "models only as in vLLM (minivllm's are dense: use -dpl 1 -dpr R)")
-    d.add_argument("-dph", "--data-parallel-hybrid-lb", action="store_true",
+    d.add_argument("-dph", "--data-parallel-hybrid-lb", action=argparse.BooleanOptionalAction,
+                   default=False,
                    help="API servers on every node, each node's in front of its engines "
-                        "(needs -dpl)")
-    d.add_argument("-dpe", "--data-parallel-external-lb", action="store_true",
+                        "(needs -dpl, given or inferred from --nnodes)")
+    d.add_argument("-dpe", "--data-parallel-external-lb", action=argparse.BooleanOptionalAction,
+                   default=False,
                    help="one engine per API server, a load balancer outside spreading requests; "
                         "as -dpn: MoE models and -dp > 1 only (dense: -dpl 1 -dpr R)")
     d.add_argument("-dpm", "--data-parallel-multi-port-external-lb", action="store_true",
