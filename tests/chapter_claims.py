@@ -220,7 +220,7 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
          r"with data_parallel_size_local 1: switching to external",
          "the switch from hybrid to external is logged under the row it explains"),
         (r"-dpr without -dpl .* -> engines \[0, 1, 2, 3\], no API server",
-         "-dpr without -dpl is ignored: the node runs every DP rank from 0"),
+         "-dpr without -dpl sets no start rank: the node runs every DP rank from 0"),
         (r"-dpl inferred from --nnodes .* -> engines \[2, 3\], 1 API server\(s\), hybrid",
          "hybrid's API servers take -dpl as typed, else 1"),
         (r"-dpe, a dense model .* -> refused: Non-MoE models do not support external",
