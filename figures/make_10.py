@@ -30,8 +30,8 @@ def main() -> None:
 def draw_tp_nodes() -> None:
     fig, ax = plt.subplots(figsize=(11, 6.4))
     box(ax, 0.2, 0.15, 4.6, 5.35, "", "#eef3fb")
-    ax.text(2.5, 5.15, "node 0 (leader): minivllm serve --nnodes 3", ha="center", fontsize=9,
-            weight="bold")
+    ax.text(2.5, 5.05, "node 0 (leader, 10.0.0.1): minivllm serve -tp 3\n--nnodes 3 "
+            "--node-rank 0 --master-addr 10.0.0.1", ha="center", fontsize=8.5, weight="bold")
     box(ax, 0.5, 3.7, 4.0, 1.0, "engine core + MultiprocExecutor\nPeerWatch on remote replies",
         "#ffffff", 8)
     box(ax, 0.5, 2.3, 2.4, 0.9, "broadcast MessageQueue\nshm ring + XPUB tcp", "#dce8f8", 8)
@@ -42,8 +42,9 @@ def draw_tp_nodes() -> None:
     ax.text(0.5, 0.35, "rank 0's reply: shm (dashed)", fontsize=7, color=SHM)
     for i, y in enumerate((3.4, 0.6), start=1):
         box(ax, 7.3, y, 3.9, 2.0, "", "#f4f4f4")
-        ax.text(9.25, y + 1.65, f"node {i}: serve --headless --node-rank {i}", ha="center",
-                fontsize=8.5, weight="bold")
+        ax.text(9.25, y + 1.6, f"node {i}: minivllm serve -tp 3 --nnodes 3\n"
+                f"--node-rank {i} --master-addr 10.0.0.1 --headless", ha="center",
+                fontsize=7.5, weight="bold")
         box(ax, 7.6, y + 0.3, 3.3, 1.0, f"Worker_TP{i}\nremote reader (SUB, heartbeats)\n"
             "reply MessageQueue (XPUB tcp)", "#fdf2e3", 7.5)
         arrow(ax, 2.9, 2.75, 7.6, y + 1.0, TCP)
