@@ -21,7 +21,6 @@ from typing import Any
 from minivllm.entrypoints.openai.errors import OpenAIError
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
-LOGIT_BIAS_LIMIT = 100.0  # vLLM clamps each bias to [-100, 100] (SamplingParams.from_optional)
 # vLLM's VLLM_MAX_COMPLETION_PROMPTS (vllm/envs.py; the check is
 # CompletionRequest.validate_prompt_list_length): prompts in one /v1/completions batch.
 MAX_PROMPTS_ENV = "VLLM_MAX_COMPLETION_PROMPTS"
@@ -88,8 +87,7 @@ def check_prompt_count(count: int) -> None:
 
 def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     """{token id: bias}: keys must name tokens of the vocabulary (vLLM's
-    SamplingParams._validate_logit_bias), biases are clamped to [-100, 100] (vLLM's
-    SamplingParams.from_optional)."""
+    SamplingParams._validate_logit_bias); SamplingParams clamps the biases to [-100, 100]."""
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
         try:
@@ -100,7 +98,7 @@ def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, 
         if not 0 <= token < vocab_size:
             raise OpenAIError(f"token_id(s) [{token}] in logit_bias contain out-of-vocab token "
                               f"ids. Vocabulary size: {vocab_size}", param="logit_bias")
-        out[token] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, value))
+        out[token] = value
     return out
 
 

@@ -99,7 +99,6 @@ class UsageCounter:
 
 
 T = TypeVar("T")
-DEFAULT_PARAMS = SamplingParams()
 GIL_FREE_CHARS = 4096  # texts this long are tokenized with the GIL released
 
 
@@ -189,28 +188,27 @@ class OpenAIServing:
     def sampling_params(self, request: SamplingFields, max_tokens: int, choice: int,
                         logprobs: int | None = None, prompt_logprobs: int | None = None
                         ) -> SamplingParams:
-        """Choice i of n gets seed + i, so seeded choices are repeatable and still differ.
-        A top_k at or above the vocabulary is the vocabulary (vLLM: InputBatch.add_request)."""
+        """Choice i of n gets seed + i, so seeded choices are repeatable and still differ. A
+        top_k at or past the vocabulary is clamped by the engine core (normalize_sampling_params)."""
         seed = request.seed
         if seed is not None and seed != -1 and choice:  # -1: vLLM's "no seed"
             seed = seed + choice if seed + choice <= SEED_MAX else seed - choice
         return SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=min(request.top_k or 0, self.vocab_size), seed=seed, max_tokens=max_tokens,
+            top_k=request.top_k or 0, seed=seed, max_tokens=max_tokens,
             stop=request.stop_list(), stop_token_ids=request.stop_token_ids or [],
             ignore_eos=request.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             **self.penalties(request))
 
     def penalties(self, request: SamplingFields) -> dict[str, Any]:
-        """The penalties, logit_bias and min_tokens; left out where they change nothing."""
-        given = {"presence_penalty": request.presence_penalty or 0.0,
-                 "frequency_penalty": request.frequency_penalty or 0.0,
-                 "repetition_penalty": request.repetition_penalty or 1.0,
-                 "logit_bias": logit_bias_ids(request.logit_bias, self.vocab_size) or None,
-                 "min_tokens": request.min_tokens}
-        return {name: value for name, value in given.items()
-                if value != getattr(DEFAULT_PARAMS, name)}
+        """The penalties, logit_bias and min_tokens (a default travels as nothing: the Struct
+        omits defaults on the wire)."""
+        return {"presence_penalty": request.presence_penalty or 0.0,
+                "frequency_penalty": request.frequency_penalty or 0.0,
+                "repetition_penalty": request.repetition_penalty or 1.0,
+                "logit_bias": logit_bias_ids(request.logit_bias, self.vocab_size) or None,
+                "min_tokens": request.min_tokens}
 
     async def generate(self, token_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncGenerator[RequestOutput, None]:
