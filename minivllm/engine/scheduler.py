@@ -80,7 +80,10 @@ class Scheduler:
     def _time_last_step(self) -> None:
         """One sample for the cost model: from the last schedule() to this one, when the
         engine went straight on (see update_from_output). Includes everything a stream waits
-        for between two tokens: the model, the scheduler, the outputs' handling."""
+        for between two tokens: the model, the scheduler, the outputs' handling. Only under
+        target_itl_ms, the fit's one reader: otherwise no step pays for a least-squares fit."""
+        if self.config.target_itl_ms is None:
+            return
         now = time.perf_counter()
         if self._step_start is not None:
             self.step_cost.observe(*self._step_shape, now - self._step_start)
@@ -90,8 +93,10 @@ class Scheduler:
         """Prompt tokens this step may carry: the budget, or under target_itl_ms what the
         running decodes leave of the target (at least one block)."""
         target = self.config.target_itl_ms
+        if target is None:
+            return budget
         decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
-        if target is None or decodes == 0:  # no stream is waiting on this step
+        if decodes == 0:  # no stream is waiting on this step
             return budget
         cap = self.step_cost.prefill_budget(decodes, target / 1e3)
         return budget if cap is None else max(cap, self.config.block_size)
@@ -190,8 +195,9 @@ class Scheduler:
         params = [r.sampling_params for r, _ in scheduled]
         computed = np.array([r.num_computed_tokens for r, _ in scheduled], np.int32)
         num_new = np.array([n for _, n in scheduled], np.int32)
-        tokens = [r.all_token_ids[c:c + n] for (r, n), c in zip(scheduled, computed.tolist())]
-        sample_rows = np.array([c + n == r.num_tokens for (r, n), c in zip(scheduled, computed)],
+        starts = computed.tolist()
+        tokens = [r.all_token_ids[c:c + n] for (r, n), c in zip(scheduled, starts)]
+        sample_rows = np.array([c + n == r.num_tokens for (r, n), c in zip(scheduled, starts)],
                                bool)
         out = SchedulerOutput(
             req_ids=[r.request_id for r, _ in scheduled],
@@ -208,7 +214,7 @@ class Scheduler:
             num_logprobs=np.array([-1 if p.logprobs is None else p.logprobs for p in params],
                                   np.int32),
             sampling_extras=pack_sampling_extras([r for r, _ in scheduled], sample_rows),
-            prompt_logprobs=pack_prompt_logprobs_wanted(scheduled, computed.tolist()))
+            prompt_logprobs=pack_prompt_logprobs_wanted(scheduled, starts))
         self.finished_req_ids = []
         return out
 
