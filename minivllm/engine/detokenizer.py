@@ -61,9 +61,9 @@ class IncrementalDetokenizer:
     def _check_stop_strings(self, new_chars: int) -> str | None:
         """Cut the text before the stop string that ends earliest in the new text (vLLM's
         rule, so several tokens in one step stop where one token at a time would)."""
-        best, best_start, best_end = None, 0, len(self.output_text) + 1
         if self.min_text_end is None:
             return None  # fewer than min_tokens tokens so far
+        best, best_start, best_end = None, 0, len(self.output_text) + 1
         for stop in self.stop if new_chars else ():
             # only where the new text could complete it: at most len(stop) - 1 chars earlier
             idx = self.output_text.find(stop, max(0, len(self.output_text) - new_chars
