@@ -64,6 +64,19 @@ def test_stop_string_across_tokens(tok):
     assert tok.decode(ids[:hit + 1]).endswith("Paris")  # found on the token that completed it
 
 
+def test_a_stop_string_counts_only_once_it_ends_past_min_tokens(tok):
+    """vLLM's rule (detokenizer.py:134-136): a stop string that ends within the text of the
+    first min_tokens tokens is no stop; the next one that ends past it is."""
+    ids = tok.encode("The cat. The dog. The end")
+    first_end = len(tok.encode("The cat."))  # tokens up to the first "."
+    for min_tokens, stops_after in ((0, "The cat"), (first_end, "The cat. The dog")):
+        detok = IncrementalDetokenizer(tok, stop=["."], min_tokens=min_tokens)
+        for i in ids:
+            if stop := detok.update([i]):
+                break
+        assert stop == "." and detok.output_text == stops_after, (min_tokens, detok.output_text)
+
+
 def _save_with_transformers(path):
     """The tiny model's folder with its tokenizer saved by transformers itself, as a checkpoint
     downloaded today is: transformers 5 puts the template in chat_template.jinja."""
