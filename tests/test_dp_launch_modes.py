@@ -9,6 +9,7 @@ import pytest
 
 from minivllm.engine.config import EngineConfig
 from minivllm.entrypoints import serve
+from minivllm.entrypoints.node_flags import api_server_count
 
 
 def config(tiny_dir: str, *flags: str) -> EngineConfig:
@@ -42,7 +43,7 @@ def test_dpr_without_headless_is_hybrid_load_balancing(tiny_dir):
     c = serve.engine_config(args)
     assert c.data_parallel_hybrid_lb and c.local_engines_only and not c.data_parallel_multinode
     assert list(c.client_engine_ranks) == [2, 3]
-    assert serve.api_server_count(args, c) == 2  # vLLM's default: the local engines
+    assert api_server_count(args, c) == 2  # vLLM's default: the local engines
 
 
 def test_hybrid_with_one_local_engine_becomes_external(tiny_dir):

@@ -43,8 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.config import KV_CACHE_DTYPES  # torch-free, as --help wants
 from minivllm.engine.dp_nodes import node_layout, serve_api_servers
-from minivllm.entrypoints.node_flags import (  # api_server_count: serve's, re-exported
-    FlexibleArgumentParser, add_node_flags, api_server_count)  # noqa: F401
+from minivllm.entrypoints.node_flags import FlexibleArgumentParser, add_node_flags
 from minivllm.utils import tracing
 from minivllm.utils.byte_sizes import parse_bytes
 from minivllm.utils.process_count import serve_process_count
@@ -174,7 +173,8 @@ async def run_api_server(args: argparse.Namespace, sock: socket.socket,
                          on_ready: Any = None) -> int:
     """One API server: AsyncLLM (own engines, or the launcher's), the app, uvicorn on `sock`."""
     from minivllm.engine.async_llm import AsyncLLM
-    from minivllm.entrypoints.openai.api_server import build_app, serve_http
+    from minivllm.entrypoints.openai.api_server import build_app
+    from minivllm.entrypoints.openai.http_server import serve_http
 
     tracing.set_process_name(f"MINIVLLM::APIServer_{client_index}")
     config = engine_config(args)
@@ -296,7 +296,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     import uvloop
 
-    from minivllm.entrypoints.openai.api_server import create_server_socket
+    from minivllm.entrypoints.openai.http_server import create_server_socket
 
     args = make_parser().parse_args(argv)
     try:  # a bad path or flag: one line, before anything starts

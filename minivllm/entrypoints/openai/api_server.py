@@ -48,8 +48,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
                                                   ModelCard, ModelList, to_json)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from minivllm.entrypoints.openai.http_server import (  # noqa: F401 - serve.py's imports
-    create_server_socket, serve_http, stop_error, watch_engine)
+from minivllm.entrypoints.openai.http_server import stop_error
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, validation_error
 from minivllm.utils import tracing
 from minivllm.utils.byte_sizes import parse_bytes
