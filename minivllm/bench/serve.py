@@ -41,9 +41,8 @@ from minivllm.bench import _openai_client as client
 from minivllm.bench._openai_client import Endpoint, RequestResult, first_model
 from minivllm.bench.common import bench_parser, print_table, quick_mode, write_json
 from minivllm.bench.load import LoadMeter, tree_cpu_s, tree_rss_mib
-from minivllm.bench.serve_metrics import (DEFAULT_PERCENTILES, LATENCY_COLUMNS,  # noqa: F401
-                                          THROUGHPUT_COLUMNS, latency_columns, parse_goodput,
-                                          summarize)
+from minivllm.bench.serve_metrics import (DEFAULT_PERCENTILES, THROUGHPUT_COLUMNS,
+                                          latency_columns, parse_goodput, summarize)
 from minivllm.engine.config import KV_CACHE_DTYPES
 from minivllm.entrypoints.openai.server_process import ServerProcess
 

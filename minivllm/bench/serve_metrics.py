@@ -27,8 +27,6 @@ def latency_columns(percentiles=DEFAULT_PERCENTILES) -> list[str]:
                                        for s in ("mean", *map(_name, percentiles))]
 
 
-LATENCY_COLUMNS = latency_columns()
-
 
 def _stats(name: str, values: list[float], percentiles=DEFAULT_PERCENTILES) -> dict[str, float]:
     """Mean and percentiles in milliseconds (zeros when there is nothing to measure)."""
