@@ -53,6 +53,12 @@ class Fail(AssertionError):
         self.message, self.input, self.detail = message, input, detail
         self.expected = None if expected is _MISSING else _show(expected)
         self.got = None if got is _MISSING else _show(got)
+        self.differs = None  # large values: where they first differ, in one line (judge.diff)
+        if expected is not _MISSING and got is not _MISSING:
+            from minivllm.judge.diff import summarise
+            first = summarise(expected, got)
+            if first is not None:
+                self.differs, self.expected, self.got = first.line(), first.expected, first.got
 
 
 def step(input: str) -> None:

@@ -80,7 +80,7 @@ def run(tests_path: str, impl_dir: str, module_name: str, test_name: str,
             result["note"] = note
     except api.Fail as exc:
         result.update(status="fail", message=exc.message, expected=exc.expected, got=exc.got,
-                      detail=exc.detail, input=_failed_input(exc.input, None, impl_dir, spec))
+                      differs=exc.differs, detail=exc.detail, input=_failed_input(exc.input, None, impl_dir, spec))
     except MemoryError:
         result.update(status="fail", kind="error",
                       message="your code ran out of memory: the judge allows each process "

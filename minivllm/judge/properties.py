@@ -37,9 +37,11 @@ def for_all(strategy: st.SearchStrategy, check: Callable[[Any], None], *, exampl
     try:
         run()
     except Fail as e:
-        raise Fail(e.message, expected=_raw(e.expected), got=_raw(e.got),
-                   input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)",
-                   detail=e.detail) from None
+        shrunk = Fail(e.message, expected=_raw(e.expected), got=_raw(e.got),
+                      input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)",
+                      detail=e.detail)
+        shrunk.expected, shrunk.got, shrunk.differs = e.expected, e.got, e.differs
+        raise shrunk from None
     except Exception as e:  # the learner's code raised: show the example that makes it
         raise Fail(f"your code raised {type(e).__name__}: {e}", expected="no exception",
                    got=f"{type(e).__name__}: {e}",

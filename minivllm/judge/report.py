@@ -31,6 +31,8 @@ def format_failure(r: dict) -> str:
     if r.get("input"):
         lines.append(f"  input:    {r['input']}")
     lines.append("  problem:  " + r.get("message", "").replace("\n", "\n            "))
+    if r.get("differs"):
+        lines.append(f"  differs:  {r['differs']}")
     if r.get("expected") is not None:
         lines.append(f"  expected: {r['expected']}")
     if r.get("got") is not None:
