@@ -7,7 +7,7 @@ import multiprocessing as mp
 import random
 import re
 
-from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, step, test
 from minivllm.judge.properties import for_all, st
 
 RING_WAIT_S = scaled(10.0)  # a chunk not written or read in this long means a protocol bug
@@ -28,11 +28,13 @@ def _packed(frames) -> bytes:
 def layout(impl):
     frames = [b"ab", b"", b"xyz"]
     chunk = bytearray(32)
+    step("pack_into(bytearray(32), [b'ab', b'', b'xyz'])")
     check_equal(impl.pack_into(chunk, frames), True, "pack_into's result for a message that fits")
     want = _packed(frames)
     if bytes(chunk[:len(want)]) != want:
         raise Fail("the packed bytes are wrong (byte 0, u16 LE count, u32 LE lengths, data)",
                    expected=want, got=bytes(chunk[:len(want)]), input="[b'ab', b'', b'xyz']")
+    step("unpack(the chunk pack_into wrote)")
     check_equal(impl.unpack(chunk), frames, "unpack of that chunk")
 
 
@@ -41,13 +43,16 @@ def layout(impl):
       f"{PROPERTY_EXAMPLES} messages (0-6 frames of 0-40 bytes) and chunk sizes (1-120) drawn by "
       "hypothesis, against the judge's own writer", timeout=30)
 def exact_fit(impl):
+    step("packed_size([b'ab', b'xyz'])")
     check_equal(impl.packed_size([b"ab", b"xyz"]), 3 + 8 + 5, "packed_size([b'ab', b'xyz'])")
     exact = [bytes(64 - 3 - 4)]  # one frame: header 3 + length 4 + 57 bytes = 64
+    step("fits, pack_into and unpack of one 57-byte frame, 64-byte chunk (fills it exactly)")
     check_equal(impl.fits(exact, 64), True, "fits(one 57-byte frame, 64): it fills the chunk exactly")
     chunk = bytearray(64)
     check_equal(impl.pack_into(chunk, exact), True, "pack_into of a message that fills the chunk")
     check_equal(impl.unpack(chunk), exact, "unpack of the exactly full chunk")
     big = [bytes(58)]
+    step("fits and pack_into of one 58-byte frame, 64-byte chunk of 0xee (one byte too big)")
     check_equal(impl.fits(big, 64), False, "fits(one 58-byte frame, 64)")
     chunk = bytearray(b"\xee" * 64)
     check_equal(impl.pack_into(chunk, big), False, "pack_into of a message one byte too big")
@@ -56,12 +61,15 @@ def exact_fit(impl):
         raise Fail("an overflow must write only byte 0 (the marker); pack_into also changed "
                    "bytes 1..63 of a chunk that held 0xee", expected=b"\xee" * 8,
                    got=bytes(chunk[1:9]), input="one 58-byte frame into a 64-byte chunk")
+    step("unpack(the overflowed chunk)")
     check_equal(impl.unpack(chunk), None, "unpack of an overflow marker")
+    step("fits([], 2), then pack_into and unpack of [] in a 3-byte chunk")
     check_equal(impl.fits([], 2), False, "fits(no frames, 2): the 3-byte header alone does not fit")
     chunk = bytearray(3)  # an empty message: the header alone fills a 3-byte chunk
     check_equal(impl.pack_into(chunk, []), True, "pack_into of no frames into a 3-byte chunk")
     check_equal(bytes(chunk), b"\x00\x00\x00", "the packed bytes of no frames")
     check_equal(impl.unpack(chunk), [], "unpack of a message of 0 frames (not an overflow)")
+    step(f"{PROPERTY_EXAMPLES} (frames, chunk_bytes) drawn by hypothesis")
     for_all(MESSAGES, lambda drawn: _packs_as_the_judge(impl, *drawn),
             examples=PROPERTY_EXAMPLES, what="(frames, chunk_bytes)")
 
@@ -94,20 +102,25 @@ def _packs_as_the_judge(impl, frames: list[bytes], chunk_bytes: int) -> None:
 def multibyte_frames(impl):
     ints = array.array("i", range(10))
     frames = [memoryview(ints), b"z"]
+    step("packed_size([memoryview(array('i', range(10))), b'z'])")
     check_equal(impl.packed_size(frames), 3 + 8 + 41, "packed_size: a frame's size is its bytes, "
                 "not len() (which counts the 10 items)")
     chunk = memoryview(bytearray(128))
+    step("pack_into(memoryview(bytearray(128)), [memoryview(array('i', range(10))), b'z'])")
     check_equal(impl.pack_into(chunk, frames), True, "pack_into into a memoryview chunk")
     want = _packed(frames)
     if bytes(chunk[:len(want)]) != want:
         raise Fail("the packed bytes are wrong for a multi-byte frame",
                    expected=want, got=bytes(chunk[:len(want)]))
+    step("unpack(that chunk)")
     got = impl.unpack(chunk)
     check_equal([bytes(f) for f in got], [ints.tobytes(), b"z"], "unpack of the multi-byte frames")
     two_d = [memoryview(bytearray(range(12))).cast("B", (3, 4)),
              memoryview(array.array("i", range(6))).cast("B").cast("i", (2, 3)),
              memoryview(array.array("b", [-1, 2, -3]))]  # 1-byte items, but signed: not "B"
     chunk = memoryview(bytearray(64))  # a memoryview, like a shared-memory chunk
+    step("pack_into(memoryview(bytearray(64)), [bytes shaped (3, 4), int32 shaped (2, 3), "
+         "array('b', [-1, 2, -3])])")
     try:
         packed = impl.pack_into(chunk, two_d)
     except (TypeError, ValueError, NotImplementedError) as e:
@@ -123,8 +136,10 @@ def multibyte_frames(impl):
 @test(input="unpack a chunk, then overwrite the chunk with the next message")
 def copy_out(impl):
     chunk = memoryview(bytearray(64))
+    step("pack_into(chunk, [b'first message']), then unpack(chunk)")
     impl.pack_into(chunk, [b"first message"])
     frames = impl.unpack(chunk)
+    step("pack_into(the same chunk, [b'SECOND MESSAGE'])")
     impl.pack_into(chunk, [b"SECOND MESSAGE"])
     got = [bytes(f) for f in frames]
     if got != [b"first message"]:
@@ -140,25 +155,31 @@ def _header(lengths) -> bytes:
 
 UNSIGNED = ("The lengths are unsigned u32 ('<I'): 0xffffffff is 4,294,967,295 bytes; read as "
             "signed ('<i') it is -1, and the frames come out of the wrong bytes")
-TORN = [(_header([0x8000_0005]), "1 frame of length 0x80000005. " + UNSIGNED),
-        (_header([5, 0xFFFF_FFFF]), "2 frames of lengths 5 and 0xffffffff. " + UNSIGNED),
-        (_header([58]), "1 frame of 58 bytes: 3 + 4 + 58 = 65, one byte past the end (count "
-                        "the header and the lengths too)"),
+PAST_END = ("slicing past a buffer's end gives a short frame, not an error: compare each "
+            "frame's end (offset + length) with the chunk's size")
+# the plain end checks first: a learner who never checks is told that, not about signedness
+TORN = [(_header([58]), "1 frame of 58 bytes: 3 + 4 + 58 = 65, one byte past the end (count "
+                        "the header and the lengths too). " + PAST_END),
         (_header([30, 30]), "2 frames of 30 bytes: each alone fits, together 3 + 8 + 60 = 71 "
                             "bytes reach past the end (check the running offset, every frame)"),
         (b"\x00\xff\xff", "a count of 65,535 frames: their lengths alone (4 bytes each) reach "
                            "past the end (check that before struct.unpack_from, which raises "
-                           "struct.error)")]
+                           "struct.error)"),
+        (_header([0x8000_0005]), "1 frame of length 0x80000005. " + UNSIGNED),
+        (_header([5, 0xFFFF_FFFF]), "2 frames of lengths 5 and 0xffffffff. " + UNSIGNED)]
 
 
-@test(input="64-byte chunks with crafted headers: 1 frame of length 0x80000005; 2 frames of "
-            "lengths 5 and 0xFFFFFFFF; 1 frame of 58 (one byte past the end); a count of 65,535 "
-            "(the lengths alone reach past it); 2 frames of 30 (together past the end); and, for comparison, 1 frame of 57 (it fits)")
+@test(input="64-byte chunks with crafted headers: 1 frame of 57 (it fits); then 1 frame of 58 "
+            "(one byte past the end); 2 frames of 30 (together past the end); a count of 65,535 "
+            "(the lengths alone reach past it); 1 frame of length 0x80000005; 2 frames of "
+            "lengths 5 and 0xFFFFFFFF")
 def lengths_are_unsigned(impl):
     ok = _packed([bytes(range(57))])  # 3 + 4 + 57 = 64 bytes: fills the chunk exactly
+    step("unpack(a 64-byte chunk holding 1 frame of 57 bytes)")
     check_equal(impl.unpack(bytearray(ok)), [bytes(range(57))], "unpack of a full 64-byte chunk")
     for header, what in TORN:
         chunk = bytearray(header + bytes(64 - len(header)))
+        step(f"unpack(a 64-byte chunk whose header gives {what.split(':')[0].split('.')[0]})")
         try:
             got = impl.unpack(chunk)
         except ValueError as e:
@@ -180,6 +201,7 @@ def lengths_are_unsigned(impl):
 @test(input="65,535 empty frames (the most a u16 counts), then 65,536 and 70,000, a 1 MiB chunk")
 def too_many_frames(impl):
     most = [b""] * 65_535
+    step("fits, pack_into and unpack of 65,535 empty frames, a 1 MiB chunk")
     check_equal(impl.fits(most, 1 << 20), True, "fits(65,535 frames): the u16 count holds 65,535")
     chunk = bytearray(1 << 20)
     check_equal(impl.pack_into(chunk, most), True, "pack_into(65,535 empty frames)")
@@ -187,6 +209,7 @@ def too_many_frames(impl):
     check_equal(len(impl.unpack(chunk)), 65_535, "frames unpacked from 65,535")
     for n in (65_536, 70_000):
         frames = [b""] * n
+        step(f"fits and pack_into of {n:,} empty frames, a 1 MiB chunk")
         check_equal(impl.fits(frames, 1 << 20), False, f"fits({n:,} frames): the count is a u16 "
                     "(<= 65,535)")
         chunk = bytearray(1 << 20)
