@@ -8,6 +8,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -45,9 +46,21 @@ def _no_children(what):
                    got=[p.pid for p in left])
 
 
+_KILLED: set[int] = set()  # the pids this process sent SIGKILL (os.kill is recorded)
+_real_kill = os.kill
+
+
+def _recording_kill(pid: int, sig: int) -> None:
+    if sig == signal.SIGKILL:
+        _KILLED.add(pid)
+    _real_kill(pid, sig)
+
+
 def _reaped(pid: int, what: str) -> None:
-    """Fail if the child `pid` has exited and stop_worker did not reap it; one still running
-    after a while is left to _no_children."""
+    """Fail if the child `pid` has exited and stop_worker did not reap it; one that was never
+    sent SIGKILL (it ignores SIGTERM, so it is still running) is left to _no_children at once."""
+    if pid not in _KILLED and procfs.process_state(pid) not in ("Z", "X"):
+        return
     deadline = time.monotonic() + scaled(10)
     while not procfs.reaped(pid) and procfs.process_state(pid) != "Z":
         if time.monotonic() > deadline:
@@ -86,6 +99,9 @@ class _WaitLog:
         joining = sys._getframe(1).f_globals.get("__name__", "").startswith("multiprocessing.popen")
         if self.armed and not joining:
             _wait_for_file(self.armed, "the worker")
+        if self.armed and not joining and timeout is None:
+            raise Fail("start_worker called connection.wait(..., timeout=None) for a child that "
+                       "never reports: that waits forever; pass the time left of `timeout`")
         sentinels = [o for o in object_list if isinstance(o, int)]
         if self.after_exit and sentinels:
             exited = self.real(sentinels, scaled(20))
@@ -104,6 +120,7 @@ class _WaitLog:
             self.pids.update(c.pid for c in me.children())
 
     def __enter__(self):
+        os.kill = _recording_kill
         multiprocessing.connection.wait = self.wait
         for k in self.names:
             setattr(self.impl, k, self.wait)
@@ -345,6 +362,7 @@ def stop_worker_escalates(impl):
     stubborn.start()
     _wait_for_file(stubborn_file, "the child that ignores SIGTERM")
     step(f"stop_worker(a child that ignores SIGTERM, timeout={STOP_TIMEOUT_S:g})")
+    os.kill = _recording_kill
     _stop_in_thread(impl, stubborn, STOP_TIMEOUT_S)
     _reaped(stubborn.pid, "a child that ignores SIGTERM")
     if stubborn.is_alive():
