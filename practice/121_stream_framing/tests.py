@@ -19,6 +19,50 @@ def _pair():
     return a, b
 
 
+class _Watched(socket.socket):
+    """A socket that notes what the learner's reads do, so that a loop that never ends is named
+    at once instead of by the time limit: recv() called again and again after it returned b""
+    (end of file), recv() on a socket made blocking, and recv() again after a socket.timeout.
+    `wake` is set when one of these happens (the test, in another thread, fails at once)."""
+
+    AFTER_EOF = 100  # recv() calls after end of file that only a loop ignoring b"" makes
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self.eof_reads, self.timed_out, self.problem = 0, False, ""
+        self.wake = threading.Event()
+
+    def _note(self, problem: str) -> None:
+        self.problem = self.problem or problem
+        self.wake.set()
+
+    def _read(self, read, *args):
+        if self.gettimeout() is None:
+            self._note("recv() on a socket made blocking (its timeout was 0.1 s): a silent peer "
+                       "then hangs the caller; leave the caller's timeout as it is")
+        if self.timed_out:
+            self._note("recv() again after the socket raised socket.timeout: the timeout must "
+                       "reach the caller, not be retried")
+        if self.eof_reads >= self.AFTER_EOF:
+            raise Fail(f"recv() was called {self.AFTER_EOF} times after it returned b\"\" (end of "
+                       "file): the peer closed, and every later recv() returns b\"\" at once; "
+                       "stop and raise ConnectionError with the count of missing bytes")
+        try:
+            got = read(*args)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        if isinstance(got, bytes) and not got or got == 0:
+            self.eof_reads += 1
+        return got
+
+    def recv(self, *args):
+        return self._read(super().recv, *args)
+
+    def recv_into(self, *args):
+        return self._read(super().recv_into, *args)
+
+
 PIECES = (1, 1, 1, 1, 7, 997)  # bytes per send(), in turn: headers arrive a byte at a time
 
 
@@ -218,6 +262,7 @@ CLOSES = [(struct.pack("!I", 10) + b"abcd", "inside the payload", 6),
 def close_inside_a_frame(impl):
     for wire, where, missing in CLOSES:
         a, b = _pair()
+        b = _Watched(b)
         a.sendall(wire)
         a.close()
         try:
@@ -227,6 +272,8 @@ def close_inside_a_frame(impl):
                 raise Fail(f"the ConnectionError for a close {where} must say how many bytes were "
                            f"missing ({missing})", got=str(e), input=repr(wire))
             continue
+        except Fail:
+            raise
         except Exception as e:
             raise Fail(f"a close {where} must raise ConnectionError", got=repr(e), input=repr(wire))
         finally:
@@ -271,6 +318,7 @@ def too_large(impl):
             "socket has a timeout of 0.1 s", timeout=20)
 def stubborn_peer(impl):
     a, b = _pair()
+    b = _Watched(b)
     b.settimeout(0.1)
     a.sendall(b"\x00\x00")
     outcome, done = [], threading.Event()
@@ -281,9 +329,14 @@ def stubborn_peer(impl):
         except BaseException as exc:
             outcome.append(exc)
         done.set()
+        b.wake.set()
     threading.Thread(target=read, daemon=True).start()
     try:
-        if not done.wait(scaled(5.0)):  # 50 times the socket's timeout: only a hang gets here
+        b.wake.wait(scaled(5.0))  # 50 times the socket's timeout: only a hang waits it out
+        if b.problem:
+            raise Fail(f"recv_frame on a socket with a 0.1 s timeout, whose peer went silent "
+                       f"inside a header: {b.problem}")
+        if not done.is_set():
             raise Fail("recv_frame on a socket with a 0.1 s timeout, whose peer went silent "
                        "inside a header, neither raised nor returned: the socket.timeout "
                        "(TimeoutError) must reach the caller; do not retry it, nor make the "
