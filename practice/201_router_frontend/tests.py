@@ -20,7 +20,7 @@ import zmq
 
 from minivllm.judge import procfs
 from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, step, test
-from minivllm.judge.polls import PollLog
+from minivllm.judge.polls import PollLog, check_polls_time_left
 from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
@@ -28,6 +28,7 @@ START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well wit
 STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
 S = scaled(1.0)  # the trickles below stretch with the judge's time limits (polls.POLL_SLACK_S)
 TRICKLE_AT = (0.3, 0.6, 0.9, 3.0, 3.3)  # x S: three outputs before a 1.2 x S deadline, two after
+FROZEN_TIMEOUTS = (2.0, 0.0005, 0.0)  # timeouts tried on a clock that stands still (polls.py)
 ID = {0: b"\x00\x00", 1: b"\x01\x00", 2: b"\x02\x00"}  # the identities, spelled out
 
 
@@ -466,11 +467,20 @@ def _trickle_outputs(d, times, stop):
 
 @test(input="wait_ready(1.2) with engines 0 and 1 saying READY 0.3 s and 0.6 s in, engine 2 "
             "never; get_outputs(5, 1.2) with outputs coming 0.3, 0.6, 0.9, 3.0 and 3.3 s in "
-            "(times stretched on a busy machine)",
+            "(times stretched on a busy machine); first each with no engine, on a clock that "
+            "stands still, timeout 2, 0.0005 and 0",
       timeout=25)
 def waits_count_in_total(impl):
+    with Bench(impl, 3, []) as b:  # no engine: each first wait is the whole timeout
+        step("wait_ready(timeout) with no engine, on a clock that stands still")
+        check_polls_time_left(b.fe.wait_ready, "wait_ready(timeout) with no engine", START_S,
+                              FROZEN_TIMEOUTS)
+        step("get_outputs(1, timeout) with no output, on a clock that stands still")
+        check_polls_time_left(lambda t: b.fe.get_outputs(1, t), "get_outputs(1, timeout)", START_S,
+                              FROZEN_TIMEOUTS)
     asked = 1.2 * S
     with Bench(impl, 3, [0.3 * S, 0.6 * S]) as b, PollLog() as polls:
+        step(f"wait_ready({asked:.2g}) with engines 0 and 1 saying READY 0.3 s and 0.6 s in")
         try:
             b.fe.wait_ready(asked)
         except TimeoutError:
@@ -503,9 +513,16 @@ def waits_count_in_total(impl):
 
 
 @test(input="your engine with idle_timeout=1.0, an ADD every 0.2 s for 1.6 s, then silence "
-            "(times stretched on a busy machine)",
+            "(times stretched on a busy machine); first your run_engine with no front end, on "
+            "a clock that stands still, idle_timeout 2, 0.0005 and 0",
       timeout=30)
 def engine_idle_is_per_message(impl):
+    with IpcDir() as d:  # nothing bound: the engine's first wait is its whole idle_timeout
+        step("run_engine(1, ..., idle_timeout) in this process, on a clock that stands still")
+        check_polls_time_left(lambda t: impl.run_engine(1, d.path("in"), d.path("out"), t),
+                              "run_engine(..., idle_timeout) with no front end", START_S,
+                              FROZEN_TIMEOUTS)
+    step(f"run_engine(1, ..., idle_timeout={S:.2g}) in a process, an ADD every {0.2 * S:.2g} s")
     with _judge_front(impl, 1, idle_timeout=1.0 * S) as (router, pull, proc):
         if not router.poll(int(START_S * 1000)):
             raise Fail(f"no READY from engine 1 within {START_S:g} s")
