@@ -180,18 +180,30 @@ def sender_steps(impl):
                        input=f"send({sb - 3} bytes) with slot_bytes={sb}")
         os.close(ack_w)  # the receiver is gone
         fds = (bell_r, bell_w, ack_r)
-        _send_to_a_dead_receiver(s, msgs)
+        _send_to_a_dead_receiver(s, msgs, ack_r)
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _send_to_a_dead_receiver(s, msgs) -> None:
+EOF_READS = 100  # os.read calls that returned b"" (end of file): only a loop ignoring it makes
+
+
+def _send_to_a_dead_receiver(s, msgs, ack_r: int) -> None:
     """The ack pipe's write end is closed (the receiver died): fill the ring, send once more.
-    The ack pipe reads b"" at once, forever; send() must raise EOFError, not loop on it."""
+    The ack pipe reads b"" at once, forever; send() must raise EOFError, not loop on it (a
+    send that reads that b"" EOF_READS times is stopped there: os.read is counted)."""
     s.send(msgs[0])
     s.send(msgs[2])
-    out = {}
+    out, done, real_read, eofs = {}, threading.Event(), os.read, [0]
+
+    def counted_read(fd, n):
+        data = real_read(fd, n)
+        if fd == ack_r and not data:
+            eofs[0] += 1
+            if eofs[0] >= EOF_READS:
+                done.set()
+        return data
 
     def run():
         try:
@@ -199,10 +211,16 @@ def _send_to_a_dead_receiver(s, msgs) -> None:
             out["got"] = "it returned"
         except BaseException as exc:
             out["got"] = exc
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(scaled(3.0))  # a hang guard: the EOF is there at once
-    got = out.get("got", "still running: it loops on os.read returning b''")
+        done.set()
+    os.read = counted_read
+    try:
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        done.wait(scaled(3.0))  # a hang guard: the EOF is there at once
+    finally:
+        os.read = real_read
+    looping = f"still running after {eofs[0]} os.read calls that returned b'' (end of file)"
+    got = out.get("got", looping if eofs[0] >= EOF_READS else "still running")
     if not isinstance(got, EOFError):
         raise Fail("send() on a full ring whose ack pipe is closed (the receiver is gone) must "
                    "raise EOFError: os.read returning b'' means no ack will ever come",
@@ -214,9 +232,23 @@ SAMPLE_S = 0.005  # how often the judge looks at the waiting thread's state
 RUNNING_SHARE = 0.5  # a thread that waits in select is asleep ('S'); a spinner is running or runnable
 
 
-def _recv_asleep(r):
+READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)
+
+
+def _blocked_in_read(tid: int, fd: int) -> bool:
+    """Whether thread tid sleeps in read(fd) (/proc/self/task/TID/syscall: number, then args)."""
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] == str(READ_SYSCALL) and int(fields[1], 16) == fd
+
+
+def _recv_asleep(r, bell_r: int):
     """recv() with nothing to come, on a thread whose state the judge samples: waiting in
-    select is sleeping, whatever the load; polling os.read in a loop is running (or runnable)."""
+    select is sleeping, whatever the load; polling os.read in a loop is running (or runnable);
+    sleeping in a blocking os.read of the doorbell never ends, and fails at once."""
     out, tid = {}, []
 
     def run():
@@ -234,6 +266,11 @@ def _recv_asleep(r):
             if state == "X":
                 break  # the thread ended between the check and the read
             states.append(state)
+            if state == "S" and _blocked_in_read(tid[0], bell_r):
+                raise Fail("recv() with no doorbell pending blocked in os.read(bell_r): that "
+                           "read returns only when a byte comes, so the timeout is never "
+                           "honoured; wait with select(bell_r, timeout) first, read only once "
+                           "it says a byte is there")
         time.sleep(SAMPLE_S)
     t.join()
     running = states.count("R")
@@ -260,7 +297,7 @@ def receiver_steps(impl):
     msgs = [b"m0-hello", bytes(range(28)), b"m2-wrapped"]
     try:
         r = impl.Receiver(buf, slots, sb, bell_r, ack_w)
-        check_equal(_recv_asleep(r), None, "recv() before any doorbell (after its timeout)")
+        check_equal(_recv_asleep(r, bell_r), None, "recv() before any doorbell (after its timeout)")
         put(buf.data, 0, sb, msgs[0])
         put(buf.data, 1, sb, msgs[1])
         os.write(bell_w, b"\x01\x01")  # two doorbells in one write: they come out of one os.read
@@ -432,8 +469,15 @@ def processes(impl):
     proc.start()
     report_w.close()
     sent, failure = 0, None
+    ch.keep("sender")
+    left = [fd for fd in (ch.bell_r, ch.ack_w) if _is_open(fd)]
+    if left:
+        kill_if_alive(proc)
+        ch.close()
+        raise Fail(f"keep('sender') left the receiver's pipe ends open (fds {left}): a process "
+                   "that keeps the doorbell's write end means the receiver never reads EOF "
+                   "when the sender closes; keep() closes the two ends the other side uses")
     try:
-        ch.keep("sender")
         s = ch.sender()
         for m in _messages(count, count, sb - 4):
             s.send(m, timeout=PROCESS_WAIT_S)
