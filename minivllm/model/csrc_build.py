@@ -103,6 +103,8 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "q_linear": "ppp" + "iiii",
     "q_repack": "pp" + "iii",
     "q_takes_packed": "i",
+    "q_dequant": "pp" + "iii",
+    "q_lane_order": "pp" + "iii",
     "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}

@@ -204,6 +204,11 @@ def skinny_linear_c(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
 
 def q_linear(x: torch.Tensor, w) -> torch.Tensor:
     """x (M, in) float32 @ W^T for W a quant_linear.QuantWeight (the GGUF's blocks) -> (M, out)."""
+    if op_choice.choice("q_linear", x.shape[0]) == "mm":
+        out = q_linear_mm(x, w)
+        if out is not None:
+            return out
+        return _dispatch("q_linear", op_choice.MANY_ROWS, q_linear_c, q_linear_torch, x, w)
     return _dispatch("q_linear", x.shape[0], q_linear_c, q_linear_torch, x, w)
 
 
@@ -223,3 +228,30 @@ def q_linear_c(x: torch.Tensor, w) -> torch.Tensor | None:
     if rc == -2:
         raise MemoryError("q_linear: no memory for the unpacked tile")
     return out if rc == 0 else None
+
+
+MM_MAX_WEIGHTS = 1 << 22  # q_linear_mm's largest matrix (16 MB of floats): a layer's, not the head
+_mm_scratch = torch.empty(0)
+
+
+def q_linear_mm(x: torch.Tensor, w) -> torch.Tensor | None:
+    """q_linear as the blocks dequantized (in C, into a scratch matrix kept for the next call)
+    then torch's sgemm: the same values as q_linear_c, summed in another order. A packed W
+    dequantizes with its columns in lane order, so x is put in that order too. None where it
+    cannot run: not built, not float32, W past MM_MAX_WEIGHTS."""
+    global _mm_scratch
+    ops = _lib(x)
+    n, k = w.shape
+    if ops is None or x.dim() != 2 or n * k > MM_MAX_WEIGHTS:
+        return None
+    if _mm_scratch.numel() < n * k:
+        _mm_scratch = torch.empty(n * k)
+    wf = _mm_scratch[:n * k].view(n, k)
+    _check(ops.q_dequant(w.data.data_ptr(), wf.data_ptr(), n, k, w.kernel_qtype), "q_dequant")
+    x = x.contiguous()
+    if w.packed:
+        lanes = torch.empty_like(x)
+        _check(ops.q_lane_order(x.data_ptr(), lanes.data_ptr(), x.shape[0], k, w.kernel_qtype),
+               "q_lane_order")
+        x = lanes
+    return torch.mm(x, wf.t())

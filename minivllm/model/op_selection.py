@@ -5,9 +5,11 @@ AVX-512-shaped kernel on an AVX2-only EPYC), so each op is measured before the m
 and the model sets op_choice.py's table from the result once, at load (prepare). Each op is
 timed at a few rows (batch 1-7 decode) and at many (32) on SmolLM2's shapes, through each op's
 explicit C and torch entry points (custom_ops.py), interleaved so that a neighbour's burst hits
-both (paired_timing.py), and the faster kept. The choice is cached next to the built
-library, one file per thread count, so later processes read it instead of timing again (unless
-it was timed on an oversubscribed machine that has since become quieter).
+both (paired_timing.py), and the faster kept. q_linear is also timed at a prompt chunk's rows
+(PREFILL_ROWS): its C GEMM against the blocks dequantized for torch's sgemm ("mm"). The
+choice is cached next to the built library, one file per thread count, so later processes read
+it instead of timing again (unless it was timed on an oversubscribed machine that has since
+become quieter).
 
 MINIVLLM_CUSTOM_OPS picks the policy: "auto" (the default: measured), "c" (every op in C where
 it builds) or "torch" (no C at all). `python -m minivllm.model.op_selection` builds, measures again
@@ -33,7 +35,7 @@ from gguf import GGMLQuantizationType
 from minivllm.model import cpu_features, csrc_build, custom_ops, op_choice
 from minivllm.model.attention import AttentionMetadata, decode_torch
 from minivllm.model.linear import matmul, split_rows
-from minivllm.model.op_choice import OPS
+from minivllm.model.op_choice import OPS, PREFILL_ROWS
 from minivllm.model.paired_timing import paired_ratio
 from minivllm.model.quant_linear import QuantWeight, repack
 
@@ -103,11 +105,12 @@ def _quieter_now(measured_at: float) -> bool:
 
 
 def faster(c: Callable[[], object], torch_fn: Callable[[], object],
-           budget_s: float | None = None) -> dict:
+           budget_s: float | None = None, other: str = "torch") -> dict:
     """The C and torch versions of an op compared (paired_ratio): {"choice", "c_speedup",
-    "c_us", "torch_us"}, C kept where the median ratio says it is not slower."""
+    "c_us", "torch_us"}, C kept where the median ratio says it is not slower, else `other`
+    (the name of the way torch_fn runs it)."""
     ratio, c_s, torch_s = paired_ratio(c, torch_fn, BUDGET_S if budget_s is None else budget_s)
-    return {"choice": "c" if ratio <= 1 else "torch", "c_speedup": round(1 / ratio, 3),
+    return {"choice": "c" if ratio <= 1 else other, "c_speedup": round(1 / ratio, 3),
             "c_us": round(c_s * 1e6, 2), "torch_us": round(torch_s * 1e6, 2)}
 
 
@@ -117,7 +120,10 @@ def measure() -> dict[str, dict]:
     result = {}
     for key in OPS:
         op, rows = key.split("/")
-        result[key] = faster(*_cases[op](1 if rows == "few" else 32))
+        if rows == "prefill":  # the C GEMM against the blocks dequantized for torch's sgemm
+            result[key] = faster(*_q_linear(PREFILL_ROWS, mm=True), other="mm")
+        else:
+            result[key] = faster(*_cases[op](1 if rows == "few" else 32))
     return result
 
 
@@ -129,18 +135,20 @@ def _skinny_linear(rows: int) -> Pair:
             lambda: [matmul(xs[s.shape[2]], s) for s in splits])
 
 
-def _q_linear(rows: int) -> Pair:
-    """Q4_1 blocks (the bundled GGUF's) of two layers, each scale 1/64 and min -1/8 (fp16):
-    the torch side dequantizes on every call, as its fallback does. Packed where the model's
-    layers are (quant_linear.repack)."""
+def _q_linear(rows: int, mm: bool = False) -> Pair:
+    """Q4_1 blocks (the bundled GGUF's) of two layers (one with mm), each scale 1/64 and min
+    -1/8 (fp16): the torch side dequantizes on every call, as its fallback does, or with mm in
+    C into a scratch matrix for torch's sgemm (q_linear_mm). Packed where the model's layers
+    are (quant_linear.repack)."""
     weights = []
-    for out_features, in_features in LAYER_MATRICES * Q_LINEAR_LAYERS:
+    for out_features, in_features in LAYER_MATRICES * (1 if mm else Q_LINEAR_LAYERS):
         blocks = torch.randint(0, 256, (out_features, in_features // 32, 20), dtype=torch.uint8)
         blocks[..., :4] = Q4_1_SCALE_MIN.view(torch.uint8)
         weights.append(repack(QuantWeight(blocks.view(out_features, -1), Q4_1, in_features)))
     xs = {n: torch.randn(rows, n) for n in (HIDDEN, INTER)}
+    other = custom_ops.q_linear_mm if mm else custom_ops.q_linear_torch
     return (lambda: [custom_ops.q_linear_c(xs[w.in_features], w) for w in weights],
-            lambda: [custom_ops.q_linear_torch(xs[w.in_features], w) for w in weights])
+            lambda: [other(xs[w.in_features], w) for w in weights])
 
 
 def _add_rms_norm(rows: int) -> Pair:
@@ -196,7 +204,8 @@ _cases = {"skinny_linear": _skinny_linear, "q_linear": _q_linear, "add_rms_norm"
 def table(ops: dict[str, dict]) -> list[dict]:
     """Rows for print_table: op, rows, which way it runs, both timings and the C speedup (the
     median of the rounds' ratios, which decided)."""
-    return [{"op": key.split("/")[0], "rows": "1-7" if key.endswith("few") else "8+",
+    rows = {"few": "1-7", "many": "8+", "prefill": f"{op_choice.PREFILL_ROWS}+"}
+    return [{"op": key.split("/")[0], "rows": rows[key.split("/")[1]],
              "runs": row["choice"], "c_us": row["c_us"], "torch_us": row["torch_us"],
              "c_speedup": row["c_speedup"]} for key, row in ops.items()]
 

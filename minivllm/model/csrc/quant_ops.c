@@ -210,6 +210,28 @@ int q_linear(const float *x, const uint8_t *w, float *out, int64_t M, int64_t N,
     return M < GEMV_ROWS ? quant_gemv(x, w, out, M, N, K, qtype) : gemm(x, w, out, M, N, K, qtype);
 }
 
+// The matrix as floats for a float GEMM (torch's, custom_ops.q_linear_mm): w (N, K / 32
+// blocks) of qtype | Q_PACKED -> out (N, K), each row in lane order over its packed groups
+// (quant_blocks.h), as q_lane_order puts x: the values gguf-py gives, the columns permuted.
+int q_dequant(const uint8_t *w, float *out, int64_t N, int64_t K, int64_t qtype) {
+    const int packed = take_packed(&qtype);
+    if ((packed && !q_takes_packed(qtype)) || block_bytes(qtype) == 0 || K % QK != 0) return -1;
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(qtype), ng = packed ? nb / GROUP : 0;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) unpack_row(w + n * row_bytes, qtype, ng, nb, out + n * K);
+    return 0;
+}
+
+// x (M, K) -> out (M, K), each row in the lane order of a packed matrix of width K (identity
+// where qtype has no Q_PACKED): x @ q_dequant(w)^T is then x @ W^T.
+int q_lane_order(const float *x, float *out, int64_t M, int64_t K, int64_t qtype) {
+    const int packed = take_packed(&qtype);
+    if (K % QK != 0) return -1;
+    const int64_t ng = packed ? K / QK / GROUP : 0;
+    for (int64_t m = 0; m < M; m++) to_lane_order(x + m * K, K, ng, out + m * K, 1);
+    return 0;
+}
+
 // One row of nb blocks into the packed layout (quant_blocks.h).
 static void repack_row(const uint8_t *src, uint8_t *dst, int64_t qtype, int64_t nb) {
     const int bs = block_bytes(qtype), sb = scale_bytes(qtype), qb = quant_bytes(qtype);
