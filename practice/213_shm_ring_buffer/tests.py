@@ -103,6 +103,15 @@ def layout(impl):
                             f"read_flag_offset(chunk={i}, reader={r})", where)
 
 
+def _stayed(side, index: int, what: str) -> None:
+    """The README: each side moves to the next chunk only after it wrote or read one."""
+    if side.index != index:
+        raise Fail(f"{what}, but it moved its current chunk from {index} to {side.index}: a "
+                   "side moves on only after it wrote or read its chunk; a writer that moves on "
+                   "after a failed write skips that chunk, and its readers wait there forever",
+                   expected=f"index {index}", got=f"index {side.index}")
+
+
 @test(input="2 readers, 3 chunks of 16 bytes, one thread, a plain bytearray; then 1 reader, 1 "
       "chunk, a memoryview buffer (as shm.buf is)",
       hang="try_write or try_read must return at once (False / None) instead of waiting.")
@@ -114,11 +123,13 @@ def write_then_read(impl):
     label = label_for(n, c, b)
     msgs = [b"m0", b"", bytes(range(12))]  # the last one fills a chunk exactly
     check_equal([r.try_read() for r in readers], [None, None], "try_read on an empty ring")
+    _stayed(readers[0], 0, "try_read found nothing new (an empty ring)")
     for i, m in enumerate(msgs):
         check_equal(writer.try_write(m), True, f"try_write(message {i}) into a free chunk")
         w = meta_base(c, b) + i * (1 + n)
         check_equal(buf[w], 1, f"the {label(w)} after writing it")
     check_equal(writer.try_write(b"x"), False, "try_write into a full ring (nobody has read)")
+    _stayed(writer, 0, "try_write returned False (chunk 0 is full)")
     for r, reader in enumerate(readers):
         for i, m in enumerate(msgs):
             check_equal(reader.try_read(), m, f"reader {r}'s message {i}")
@@ -128,6 +139,7 @@ def write_then_read(impl):
                        "chunk out, a reader must set its own read flag, so that it skips the chunk "
                        "until the writer refills it (and so that the writer may refill it)",
                        expected=None, got=again, input=f"try_read after reader {r} read all {c}")
+        _stayed(reader, 0, f"reader {r}'s try_read found nothing new (chunk 0 already read)")
     shm_like = memoryview(bytearray(16 + 2))  # shm.buf is a memoryview: its slices are views
     writer, reader = impl.RingWriter(shm_like, 1, 1, 16), impl.RingReader(shm_like, 0, 1, 1, 16)
     writer.try_write(b"first")
@@ -226,6 +238,10 @@ def _scenario(impl, n_readers, n_chunks, msgs, bound):
             for m in msgs:
                 mark, before = ctx.checkpoint(), dict(vars(w))
                 while not w.try_write(m):
+                    if w.index != before["index"]:
+                        raise Violation(f"try_write returned False and moved from chunk "
+                                        f"{before['index']} to {w.index}: the message it did not "
+                                        "write skips that chunk")
                     ctx.block(since=mark if vars(w) == before else None)
                     mark, before = ctx.checkpoint(), dict(vars(w))
                 ctx.note(f"wrote {m!r}")
@@ -237,6 +253,9 @@ def _scenario(impl, n_readers, n_chunks, msgs, bound):
                     mark, before = ctx.checkpoint(), dict(vars(rd))
                     m = rd.try_read()
                     while m is None:
+                        if rd.index != before["index"]:
+                            raise Violation(f"try_read returned None and moved from chunk "
+                                            f"{before['index']} to {rd.index}")
                         ctx.block(since=mark if vars(rd) == before else None)
                         mark, before = ctx.checkpoint(), dict(vars(rd))
                         m = rd.try_read()
