@@ -77,7 +77,7 @@ def test_the_dispatcher_takes_mm_only_at_prefill_rows_where_chosen(built, table,
     calls = []
     real = custom_ops.q_linear_mm
     monkeypatch.setattr(custom_ops, "q_linear_mm",
-                        lambda x, w: calls.append(x.shape[0]) or real(x, w))
+                        lambda x, w, **kw: calls.append(x.shape[0]) or real(x, w, **kw))
     w, reference = quantized(GGMLQuantizationType.Q4_0, 40, 576)
     rows = op_choice.PREFILL_ROWS
     for m in (rows - 1, rows):  # "c" everywhere: no mm
@@ -120,3 +120,27 @@ def test_selection_names_mm_where_the_c_gemm_is_slower():
 
     assert op_selection.faster(slow, fast, other="mm")["choice"] == "mm"
     assert op_selection.faster(fast, slow, other="mm")["choice"] == "c"
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_bf16_is_the_matmul_to_bfloat16_precision(built, qtype):
+    """The opt-in way rounds W, x and the product to bfloat16 (8 bits of mantissa): close to the
+    float32 product, not equal to it."""
+    w, reference = quantized(qtype, 37, 576)
+    x = torch.randn(131, 576)
+    ref = x.double() @ reference.double().t()
+    out = custom_ops.q_linear_mm(x, repack(w), bf16=True)
+    assert out.dtype == torch.float32
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    assert 0 < err < 2e-2
+
+
+def test_the_prefill_way_follows_the_environment(built, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_CUSTOM_OPS", "c")  # no measuring: every other op in C
+    for way in ("c", "mm", "bf16"):
+        monkeypatch.setenv(op_selection.PREFILL_ENV, way)
+        table = op_selection.resolve()
+        assert table["q_linear/prefill"] == way and table["q_linear/many"] == "c"
+    monkeypatch.setenv(op_selection.PREFILL_ENV, "int3")
+    with pytest.raises(ValueError, match="use one of"):
+        op_selection.resolve()

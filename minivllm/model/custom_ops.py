@@ -204,8 +204,9 @@ def skinny_linear_c(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
 
 def q_linear(x: torch.Tensor, w) -> torch.Tensor:
     """x (M, in) float32 @ W^T for W a quant_linear.QuantWeight (the GGUF's blocks) -> (M, out)."""
-    if op_choice.choice("q_linear", x.shape[0]) == "mm":
-        out = q_linear_mm(x, w)
+    way = op_choice.choice("q_linear", x.shape[0])
+    if way in ("mm", "bf16"):
+        out = q_linear_mm(x, w, bf16=way == "bf16")
         if out is not None:
             return out
         return _dispatch("q_linear", op_choice.MANY_ROWS, q_linear_c, q_linear_torch, x, w)
@@ -232,14 +233,19 @@ def q_linear_c(x: torch.Tensor, w) -> torch.Tensor | None:
 
 MM_MAX_WEIGHTS = 1 << 22  # q_linear_mm's largest matrix (16 MB of floats): a layer's, not the head
 _mm_scratch = torch.empty(0)
+_bf16_scratch = torch.empty(0, dtype=torch.bfloat16)
 
 
-def q_linear_mm(x: torch.Tensor, w) -> torch.Tensor | None:
+def q_linear_mm(x: torch.Tensor, w, bf16: bool = False) -> torch.Tensor | None:
     """q_linear as the blocks dequantized (in C, into a scratch matrix kept for the next call)
     then torch's sgemm: the same values as q_linear_c, summed in another order. A packed W
     dequantizes with its columns in lane order, so x is put in that order too. None where it
-    cannot run: not built, not float32, W past MM_MAX_WEIGHTS."""
-    global _mm_scratch
+    cannot run: not built, not float32, W past MM_MAX_WEIGHTS.
+
+    bf16 (opt-in, op_selection.PREFILL_ENV): W, x and the product rounded to bfloat16 around
+    oneDNN's bf16 GEMM, twice float32's rate where the CPU has avx512_bf16 (or AMX). Not the
+    float32 numbers: each value keeps 8 bits of mantissa, so greedy tokens may change."""
+    global _mm_scratch, _bf16_scratch
     ops = _lib(x)
     n, k = w.shape
     if ops is None or x.dim() != 2 or n * k > MM_MAX_WEIGHTS:
@@ -254,4 +260,9 @@ def q_linear_mm(x: torch.Tensor, w) -> torch.Tensor | None:
         _check(ops.q_lane_order(x.data_ptr(), lanes.data_ptr(), x.shape[0], k, w.kernel_qtype),
                "q_lane_order")
         x = lanes
-    return torch.mm(x, wf.t())
+    if not bf16:
+        return torch.mm(x, wf.t())
+    if _bf16_scratch.numel() < n * k:
+        _bf16_scratch = torch.empty(n * k, dtype=torch.bfloat16)
+    wb = _bf16_scratch[:n * k].view(n, k).copy_(wf)
+    return torch.mm(x.bfloat16(), wb.t()).float()

@@ -7,7 +7,8 @@ first op call never starts hidden work. Benchmarks and tests set the table direc
 
 q_linear has a third class, "q_linear/prefill" (PREFILL_ROWS and more: prompt chunks), with a
 third way to run: "mm", the blocks dequantized into a scratch matrix and torch's sgemm
-(custom_ops.q_linear_mm); ops without a prefill key use their "many" choice there.
+(custom_ops.q_linear_mm), and an opt-in fourth, "bf16", the same in bfloat16 (other numbers);
+ops without a prefill key use their "many" choice there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def rows_class(rows: int) -> str:
 
 def choice(name: str, rows: int) -> str:
     """How op `name` runs at this many rows: "c", "torch" (a key the table lacks) or, for
-    q_linear from PREFILL_ROWS rows, "mm"."""
+    q_linear from PREFILL_ROWS rows, "mm" or "bf16"."""
     if rows >= PREFILL_ROWS and f"{name}/prefill" in _table:
         return _table[f"{name}/prefill"]
     return _table.get(f"{name}/{rows_class(rows)}", "torch")

@@ -12,8 +12,10 @@ it instead of timing again (unless it was timed on an oversubscribed machine tha
 become quieter).
 
 MINIVLLM_CUSTOM_OPS picks the policy: "auto" (the default: measured), "c" (every op in C where
-it builds) or "torch" (no C at all). `python -m minivllm.model.op_selection` builds, measures again
-and prints the table; `minivllm bench throughput` prints it too.
+it builds) or "torch" (no C at all). MINIVLLM_Q_LINEAR_PREFILL sets q_linear's prefill way
+where the C ops are built: "auto" (the default: measured), "c", "mm", or "bf16" (opt-in, not
+the float32 numbers: custom_ops.q_linear_mm). `python -m minivllm.model.op_selection` builds,
+measures again and prints the table; `minivllm bench throughput` prints it too.
 
     cache file cpu_ops-<build key>.t<threads>.json:
     {"threads": 2, "load_average": 1.2,
@@ -68,9 +70,21 @@ def resolve() -> dict[str, str]:
         raise ValueError(f"{csrc_build.ENABLE_ENV}={mode!r}: use auto, c or torch")
     if mode == "torch" or csrc_build.load() is None:
         return dict.fromkeys(OPS, "torch")
-    if mode == "c":
-        return dict.fromkeys(OPS, "c")
-    return {key: row["choice"] for key, row in load_or_measure().items()}
+    table = (dict.fromkeys(OPS, "c") if mode == "c"
+             else {key: row["choice"] for key, row in load_or_measure().items()})
+    return {**table, **prefill_override()}
+
+
+PREFILL_ENV = "MINIVLLM_Q_LINEAR_PREFILL"
+PREFILL_WAYS = ("auto", "c", "mm", "bf16")
+
+
+def prefill_override() -> dict[str, str]:
+    """{"q_linear/prefill": way} where PREFILL_ENV names one, else {} (measured)."""
+    way = os.environ.get(PREFILL_ENV, "auto")
+    if way not in PREFILL_WAYS:
+        raise ValueError(f"{PREFILL_ENV}={way!r}: use one of {', '.join(PREFILL_WAYS)}")
+    return {} if way == "auto" else {"q_linear/prefill": way}
 
 
 def choice_file() -> Path:
