@@ -15,7 +15,7 @@ from collections import deque
 
 import msgspec
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 
 WAIT_S = scaled(5.0)  # the worker process answers one step well within this
 STEPS = 500
@@ -27,10 +27,55 @@ def _req(impl, rid, prompt, outputs, blocks, computed, scheduled, resumed=False,
                                list(outputs), list(blocks), computed, scheduled, resumed)
 
 
+class _Known:
+    """The ids the workers hold, as the judge applies each output by the README (finished first,
+    then the new requests, then the deltas): an output that no worker could apply is the
+    encoder's fault, named here before the learner's worker crashes on it."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    def apply(self, out, call: str) -> None:
+        known = self.ids - set(out.finished_req_ids)
+        for new in out.scheduled_new_reqs:
+            if new.req_id in known:
+                raise Fail(f"make_output sent {new.req_id!r} whole (NewRequestData) while the "
+                           "workers still hold it (it is not in finished_req_ids): send a "
+                           "request whole only the first time, then deltas", input=call)
+            known.add(new.req_id)
+        for rid in out.scheduled_cached_reqs.req_ids:
+            if rid not in known:
+                why = (" it is in this output's finished_req_ids, which the workers apply "
+                       "first, so the request scheduled under that id is a new one: forget "
+                       "finished ids first, then send it whole" if rid in out.finished_req_ids
+                       else " it was never sent whole, or finished earlier")
+                raise Fail(f"make_output sent a delta (scheduled_cached_reqs) for {rid!r}, which "
+                           f"the workers do not hold:{why}", input=call)
+        self.ids = known
+
+
+_KNOWN: dict[int, _Known] = {}  # per worker: what the workers hold after each output
+
+
+def _update(worker, out, call: str) -> None:
+    """worker.update(out), once the judge found that a worker can apply out."""
+    _KNOWN.setdefault(id(worker), _Known()).apply(out, call)
+    step(f"WorkerState.update(the output of {call})")
+    worker.update(out)
+    step(f"{call}, then the worker's update() of it")
+
+
+def _call(scheduled, finished) -> str:
+    return (f"make_output(scheduled {[r.req_id for r in scheduled]}, finished "
+            f"{list(finished)})")
+
+
 def _step(impl, enc, worker, scheduled, finished=()):
     """One step through the wire: make_output, encode, decode, update. The decoded output.
     Between make_output and a second encode, the lists of every scheduled request grow in place
     (as the scheduler's next step grows them): the output must not change."""
+    call = _call(scheduled, finished)
+    step(call)
     out = enc.make_output(scheduled, list(finished))
     wire = impl.encode(out)
     for r in scheduled:
@@ -47,7 +92,7 @@ def _step(impl, enc, worker, scheduled, finished=()):
         r.output_token_ids.pop()
         r.block_ids.pop()
     back = impl.decode(wire)
-    worker.update(back)
+    _update(worker, back, call)
     return back
 
 
@@ -145,6 +190,7 @@ def new_then_delta(impl):
     enc, worker = impl.DeltaEncoder(), impl.WorkerState()
     p = [11, 12, 13, 14, 15]
     r0 = _req(impl, "r0", p, [], [0, 1], 0, 5)
+    step(_call([r0], []))
     out = enc.make_output([r0], [])
     r0.block_ids.append(2)  # the scheduler's next step grows its lists in place, as vLLM's does
     if out.scheduled_new_reqs and out.scheduled_new_reqs[0].block_ids != [0, 1]:
@@ -156,7 +202,7 @@ def new_then_delta(impl):
                    input="make_output, then block 2 appended to r0.block_ids, then encode")
     r0.block_ids.pop()
     out = impl.decode(impl.encode(out))
-    worker.update(out)
+    _update(worker, out, _call([r0], []))
     check_equal([n.req_id for n in out.scheduled_new_reqs], ["r0"],
                 "step 1: scheduled_new_reqs (a request seen for the first time goes whole)")
     check_equal(_cached(out), {}, "step 1: scheduled_cached_reqs")
@@ -225,7 +271,7 @@ def preempt_and_resume(impl):
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [50], [0, 1, 2], 10),
                            "r1": ([9], (0.5, 0.9, 16), [], [0], 0)},
                   "while r0 is preempted (the worker keeps its cached state)")
-    _step(impl, enc, worker, [_req(impl, "r1", [9], [51], [0], 1, 1)], ["r1"])
+    _step(impl, enc, worker, [_req(impl, "r1", [9], [51], [0], 1, 1)])
     out = _step(impl, enc, worker, [_req(impl, "r0", p, [50, 60], [5, 3], 0, 8, resumed=True)],
                 ["r1"])
     check_equal(_cached(out), {"r0": ([60], [5, 3], 0, True)},
@@ -259,9 +305,12 @@ def same_id_finished_and_new(impl):
 def outputs_stand_alone(impl):
     enc, worker, p = impl.DeltaEncoder(), impl.WorkerState(), [1, 2, 3]
     _step(impl, enc, worker, [_req(impl, "r0", p, [], [0], 0, 3)])
+    step("step 2: make_output(scheduled ['r0', 'r1'], finished []), then encode")
     out2 = enc.make_output([_req(impl, "r0", p, [7], [0, 1], 3, 1),
                             _req(impl, "r1", [5], [], [2], 0, 1)], [])
     wire2 = impl.encode(out2)
+    step("step 3: make_output(scheduled ['r1'] resumed, finished ['r0']), then step 2's output "
+         "encoded again")
     enc.make_output([_req(impl, "r1", [5], [6], [3], 0, 1, resumed=True)], ["r0"])
     if impl.encode(out2) != wire2:
         raise Fail("step 2's output changed when make_output built step 3's: each output must "
@@ -269,7 +318,8 @@ def outputs_stand_alone(impl):
                    "step is scheduled); do not reuse one between calls",
                    expected=msgspec.msgpack.decode(wire2),
                    got=msgspec.msgpack.decode(impl.encode(out2)))
-    worker.update(impl.decode(wire2))
+    _update(worker, impl.decode(wire2), "step 2's make_output")
+    step("a second DeltaEncoder() and WorkerState(), then its make_output(scheduled ['r0'])")
     other, other_worker = impl.DeltaEncoder(), impl.WorkerState()
     check_equal((other.num_tracked(), _rows(other_worker)), (0, {}),
                 "(num_tracked(), requests) of a second, new encoder and worker: two engines in "
@@ -297,6 +347,7 @@ def worker_keeps_copies(impl):
     worker, kept = impl.WorkerState(), []
     for i, out in enumerate(outputs):
         kept.append((i, out, msgspec.msgpack.encode(out)))
+        step(f"WorkerState.update(output {i + 1}: {names[i]})")
         worker.update(out)
         for j, old, wire in kept:
             if msgspec.msgpack.encode(old) != wire:
@@ -423,6 +474,9 @@ class Sim:
                 self.events["finished"] += 1
 
 
+_step_name = step  # replay_500_steps counts its steps in a variable named step
+
+
 def _worker_main(impl, conn):
     """The worker process: decode each step, apply it, answer with its table (msgpack)."""
     worker = impl.WorkerState()
@@ -449,15 +503,19 @@ def replay_500_steps(impl):
     proc.start()
     there.close()
     expected: dict[str, tuple] = {}
+    known = _Known()
     try:
         for step in range(STEPS):
             scheduled, finished, rows = sim.step()
+            call = f"step {step}: " + _call(scheduled, finished)
+            _step_name(call)
             out = enc.make_output(scheduled, finished)
             check_equal(list(out.finished_req_ids), finished, f"step {step}: finished_req_ids (the "
                         "ids passed to this make_output, each once, in this output)")
             check_equal(dict(out.num_scheduled_tokens), {r.req_id: r.num_scheduled_tokens
                                                          for r in scheduled},
                         f"step {step}: num_scheduled_tokens (every scheduled request)")
+            known.apply(impl.decode(impl.encode(out)), call)
             here.send_bytes(impl.encode(out))
             sim.execute()  # the scheduler's lists grow in place, after make_output returned
             if not here.poll(WAIT_S):
