@@ -144,3 +144,40 @@ def test_the_prefill_way_follows_the_environment(built, monkeypatch):
     monkeypatch.setenv(op_selection.PREFILL_ENV, "int3")
     with pytest.raises(ValueError, match="use one of"):
         op_selection.resolve()
+
+
+def test_the_engines_greedy_tokens_are_the_same_with_mm_at_prefill(built, monkeypatch):
+    """The bundled model in process, the chat prompts in one prefill step (well past
+    PREFILL_ROWS rows): greedy tokens with the prefill through mm are those through the C GEMM
+    (under the near-tie rule, scored on the C run's tokens), and mm did run."""
+    from test_reference import QUESTIONS
+    from tiny_model import assert_greedy_match
+
+    from minivllm import LLM, SamplingParams
+    monkeypatch.setenv("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("MINIVLLM_CUSTOM_OPS", "c")  # every op in C: nothing to measure
+    calls = []
+    real = custom_ops.q_linear_mm
+    monkeypatch.setattr(custom_ops, "q_linear_mm",
+                        lambda x, w, **kw: calls.append(x.shape[0]) or real(x, w, **kw))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    runs = {}
+    previous = op_choice.table()
+    try:
+        for way in ("c", "mm"):
+            monkeypatch.setenv(op_selection.PREFILL_ENV, way)
+            with LLM() as llm:
+                prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q}])) for q in QUESTIONS]
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                runner = llm.engine_core.engine_core.model_executor.driver_worker.model_runner
+                runs[way] = prompts, [o.outputs[0].token_ids for o in outs], runner.model
+    finally:
+        op_choice.set_table(previous)
+    assert sum(len(p) for p in runs["c"][0]) >= op_choice.PREFILL_ROWS
+    assert calls and min(calls) >= op_choice.PREFILL_ROWS
+    prompts, c_tokens, model = runs["c"]
+    for q, prompt, ref, ours in zip(QUESTIONS, prompts, c_tokens, runs["mm"][1]):
+        if ref != ours:
+            logits = model.score([*prompt, *ref])[len(prompt) - 1:-1]
+            assert_greedy_match(ref, ours, logits, 1e-3, repr(q))
