@@ -13,7 +13,7 @@ import zmq
 
 IDENTITY_BYTES = 2  # the DP rank as a little-endian u16, as vLLM's core_client does
 READY, ADD, STOP = b"READY", b"ADD", b"STOP"
-OUTPUT_LINGER_MS = 1000  # an engine's last outputs get this long to leave; then term() returns
+OUTPUT_LINGER_MS = 1000  # an engine's last outputs get this long to leave; then term() returns  # pragma: no mutate
 
 
 def engine_identity(rank: int) -> bytes:

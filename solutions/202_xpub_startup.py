@@ -12,7 +12,7 @@ import time
 import zmq
 
 SUBSCRIBE = 1  # first byte of a subscription message on an XPUB (0 = unsubscribe)
-PUBLISH_LINGER_MS = 1000  # messages still queued at close() get this long to leave
+PUBLISH_LINGER_MS = 1000  # messages still queued at close() get this long to leave  # pragma: no mutate
 
 
 class Publisher:
