@@ -91,6 +91,8 @@ class _WaitLog:
     def __init__(self, impl, after_exit: bool = False, armed: str = ""):
         self.impl, self.after_exit, self.armed = impl, after_exit, armed
         self.timeouts, self.pids = [], set()
+        self.asked = []  # the timeout of every call outside Process.join, as it was made
+        self.waiting = threading.Event()  # set when a call outside Process.join begins
         self.real = multiprocessing.connection.wait
         self.names = [k for k, v in vars(impl).items() if v is self.real]
         self.stop = threading.Event()
@@ -102,6 +104,9 @@ class _WaitLog:
         if self.armed and not joining and timeout is None:
             raise Fail("start_worker called connection.wait(..., timeout=None) for a child that "
                        "never reports: that waits forever; pass the time left of `timeout`")
+        if not joining:
+            self.asked.append(timeout)
+            self.waiting.set()
         sentinels = [o for o in object_list if isinstance(o, int)]
         if self.after_exit and sentinels:
             exited = self.real(sentinels, scaled(20))
@@ -393,13 +398,23 @@ def timeout_zero(impl):
         except Exception as e:  # noqa: BLE001 - the test looks at what it is
             got.append(e)
     thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    thread.join(scaled(10))
-    waited = thread.is_alive()
+    with _WaitLog(impl) as log:
+        thread.start()
+        deadline = time.monotonic() + scaled(10)
+        while thread.is_alive() and time.monotonic() < deadline:
+            if [t for t in log.asked if t is None or t > 0]:
+                break  # a wait that the deadline does not allow: no need to wait it out
+            thread.join(0.01)
+        waited = thread.is_alive()
+    unbounded = [t for t in log.asked if t is None or t > 0]
     open(gate, "w").close()  # the child may go on now, whatever start_worker did
     thread.join(scaled(20))
     if got and isinstance(got[0], tuple):
         impl.stop_worker(got[0][0])
+    if unbounded:
+        raise Fail(f"start_worker(timeout=0) called connection.wait with timeout={unbounded[0]}: "
+                   "timeout=0 is a deadline already passed (wait 0 s, then TimeoutError unless "
+                   "the child is ready at once), not 'no timeout'")
     if waited:
         raise Fail("start_worker(timeout=0) was still waiting after 10 s: timeout=0 is a "
                    "deadline already passed (TimeoutError at once), not 'no timeout'")

@@ -9,7 +9,7 @@ import sys
 import time
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, learner_frame, scaled, test
+from minivllm.judge.api import Fail, check_equal, learner_frame, scaled, step, test
 from minivllm.judge.interleave import InstrumentedBuffer, Violation, explore
 
 PROCESS_WAIT_S = scaled(20.0)  # a message not delivered in this long means a lost flag, not slowness
@@ -103,6 +103,37 @@ def layout(impl):
                             f"read_flag_offset(chunk={i}, reader={r})", where)
 
 
+class _LineBudget:
+    """While active, counts the lines the learner's module runs in this thread and fails once
+    they pass `limit`: the few non-waiting calls of a test run a few hundred lines, so a call
+    that keeps running is waiting inside (a loop until a chunk frees), named at once instead
+    of by the time limit."""
+
+    def __init__(self, impl, limit: int = 200_000) -> None:
+        self.file, self.left, self.limit = impl.__file__, limit, limit
+
+    def _enter_frame(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == self.file else None
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            self.left -= 1
+            if self.left < 0:
+                sys.settrace(None)
+                raise Fail(f"{frame.f_code.co_name}() ran {self.limit:,} lines of your code "
+                           "without returning: it waits inside for the ring to change, which "
+                           "no other thread will do here. Neither side ever waits: try_write "
+                           "returns False on a full chunk, try_read None when nothing is new")
+        return self._line
+
+    def __enter__(self):
+        sys.settrace(self._enter_frame)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+
 def _stayed(side, index: int, what: str) -> None:
     """The README: each side moves to the next chunk only after it wrote or read one."""
     if side.index != index:
@@ -116,23 +147,33 @@ def _stayed(side, index: int, what: str) -> None:
       "chunk, a memoryview buffer (as shm.buf is)",
       hang="try_write or try_read must return at once (False / None) instead of waiting.")
 def write_then_read(impl):
+    with _LineBudget(impl):
+        _write_then_read(impl)
+
+
+def _write_then_read(impl):
     n, c, b = 2, 3, 16
     buf = bytearray(c * b + c * (1 + n))
     writer = impl.RingWriter(buf, n, c, b)
     readers = [impl.RingReader(buf, r, n, c, b) for r in range(n)]
     label = label_for(n, c, b)
     msgs = [b"m0", b"", bytes(range(12))]  # the last one fills a chunk exactly
+    step("try_read of each reader on an empty ring")
     check_equal([r.try_read() for r in readers], [None, None], "try_read on an empty ring")
     _stayed(readers[0], 0, "try_read found nothing new (an empty ring)")
     for i, m in enumerate(msgs):
+        step(f"try_write(message {i}: {m!r}) into a free chunk")
         check_equal(writer.try_write(m), True, f"try_write(message {i}) into a free chunk")
         w = meta_base(c, b) + i * (1 + n)
         check_equal(buf[w], 1, f"the {label(w)} after writing it")
+    step("try_write(b'x') into a full ring (nobody has read)")
     check_equal(writer.try_write(b"x"), False, "try_write into a full ring (nobody has read)")
     _stayed(writer, 0, "try_write returned False (chunk 0 is full)")
     for r, reader in enumerate(readers):
         for i, m in enumerate(msgs):
+            step(f"reader {r}'s try_read of message {i}")
             check_equal(reader.try_read(), m, f"reader {r}'s message {i}")
+        step(f"reader {r}'s try_read after it read all {c} (nothing new)")
         again = reader.try_read()
         if again is not None:
             raise Fail(f"reader {r} read a message a second time on its next lap: after copying a "
@@ -142,6 +183,8 @@ def write_then_read(impl):
         _stayed(reader, 0, f"reader {r}'s try_read found nothing new (chunk 0 already read)")
     shm_like = memoryview(bytearray(16 + 2))  # shm.buf is a memoryview: its slices are views
     writer, reader = impl.RingWriter(shm_like, 1, 1, 16), impl.RingReader(shm_like, 0, 1, 1, 16)
+    step("a memoryview buffer, 1 reader, 1 chunk: try_write(b'first'), try_read, "
+         "try_write(b'SECOND')")
     writer.try_write(b"first")
     first = reader.try_read()
     writer.try_write(b"SECOND")  # the chunk is consumed: the writer refills it
