@@ -33,7 +33,8 @@ def ref_frames(batch) -> list[bytes]:
       "ids span int32, compared byte for byte with the judge's own writer")
 def frame_layout(impl):
     frames = impl.encode(BATCH)
-    check_equal(len(frames), 2, "number of frames")
+    check_equal(len(frames), 2, "number of frames (frame 0: msgpack [request_ids, offsets]; "
+                "frame 1: the token ids)")
     check_equal(msgspec.msgpack.decode(frames[0]), [["a", "b", "c"], [0, 3, 3, 5]],
                 "frame 0 decoded: [request_ids, offsets]")
     check_equal(bytes(frames[1]), np.array([1, 2, 3, 70000, 5], "<i4").tobytes(),
@@ -119,7 +120,8 @@ def empty(impl):
     for batch in ([], [("x", [])]):
         decoded = impl.decode([bytes(f) for f in impl.encode(batch)])
         check_equal(decoded[0], [r for r, _ in batch], "request ids", str(batch))
-        check_equal(len(decoded[1]), 0, "number of tokens", str(batch))
+        check_equal(len(decoded[1]), 0, "number of tokens (a batch with no tokens decodes to an empty "
+                    "int32 array)", str(batch))
 
 
 @test(input="decode of frames [body, bytearray of 1000 tokens], then of that bytearray as a "

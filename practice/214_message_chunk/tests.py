@@ -206,7 +206,8 @@ def too_many_frames(impl):
     chunk = bytearray(1 << 20)
     check_equal(impl.pack_into(chunk, most), True, "pack_into(65,535 empty frames)")
     check_equal(bytes(chunk[:3]), b"\x00\xff\xff", "byte 0 and the u16 count for 65,535 frames")
-    check_equal(len(impl.unpack(chunk)), 65_535, "frames unpacked from 65,535")
+    check_equal(len(impl.unpack(chunk)), 65_535, "frames unpacked from a chunk whose u16 count is "
+                "65,535 (bytes 1..2 read as unsigned little-endian)")
     for n in (65_536, 70_000):
         frames = [b""] * n
         step(f"fits and pack_into of {n:,} empty frames, a 1 MiB chunk")

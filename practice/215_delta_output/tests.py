@@ -136,9 +136,12 @@ def _check_worker(worker, expected: dict, when: str):
 
 def _check_rows(got: dict, expected: dict, when: str):
     if set(got) != set(expected):
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise Fail(f"{when}: the worker's table holds the wrong requests (finished ones leave, "
-                   "preempted or unscheduled ones stay)", expected=sorted(expected),
-                   got=sorted(got))
+                   "preempted or unscheduled ones stay): "
+                   + "; ".join(([f"missing {missing}"] if missing else [])
+                               + ([f"not expected {extra}"] if extra else [])),
+                   expected=sorted(expected), got=sorted(got))
     for rid in expected:
         if got[rid] != expected[rid]:
             bad = [f for f, a, b in zip(FIELDS, got[rid], expected[rid]) if a != b]
@@ -209,7 +212,8 @@ def new_then_delta(impl):
     new = out.scheduled_new_reqs[0]
     check_equal((new.prompt_token_ids, new.block_ids, new.num_computed_tokens), (p, [0, 1], 0),
                 "step 1: r0's NewRequestData (prompt_token_ids, block_ids, num_computed_tokens)")
-    check_equal(out.num_scheduled_tokens, {"r0": 5}, "step 1: num_scheduled_tokens")
+    check_equal(out.num_scheduled_tokens, {"r0": 5}, "step 1: num_scheduled_tokens ({req_id: "
+                "num_scheduled_tokens} of every scheduled request)")
     _check_worker(worker, {"r0": (p, (0.5, 0.9, 16), [], [0, 1], 0)}, "after step 1")
 
     out = _step(impl, enc, worker, [_req(impl, "r0", p, [7], [0, 1, 2], 5, 1),
