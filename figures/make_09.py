@@ -1,9 +1,12 @@
-"""Figures of chapter 09: the processes of `minivllm serve`, and a step timeline from --trace.
+"""Figures of chapter 09: the processes of `minivllm serve`, a step timeline from --trace, and
+the latency distributions of a load test.
 
     .venv/bin/python figures/make_09.py      writes figures/09_serve.png
 
 `draw_timeline(events, ax)` draws the events of a `minivllm serve --trace FILE` run (one row per
-process and thread, one colour per span name); chapter 09 imports it to draw the reader's own.
+process and thread, one colour per span name); `draw_latency_cdfs(axes, samples)` draws the
+ITL and TTFT of load-test runs as CDFs with p50 and p99 marked. Chapter 09 imports both to draw
+the reader's own runs.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from drawing import box
 
@@ -97,6 +102,30 @@ def draw_timeline(events: list[dict], ax, start_us: float | None = None,
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
     ax.legend(handles, names, fontsize=7, ncol=min(len(names), 6), loc="upper center",
               bbox_to_anchor=(0.5, -0.18))
+
+
+def draw_latency_cdfs(axes, samples: dict[str, dict[str, list[float]]]) -> None:
+    """samples: run label -> {"itl": seconds, "ttft": seconds}. One panel per metric: the share of
+    samples at or under each latency (log scale), each run's p50 (circle) and p99 (square)."""
+    for ax, (metric, title) in zip(axes, [("itl", "inter-token latency"),
+                                          ("ttft", "time to first token")]):
+        for label, runs in samples.items():
+            ms = np.sort(1e3 * np.asarray(runs[metric]))
+            share = np.arange(1, len(ms) + 1) / len(ms)
+            line, = ax.step(ms, share, where="post", label=label)
+            for q, marker in ((50, "o"), (99, "s")):
+                ax.plot(np.percentile(ms, q), q / 100, marker, color=line.get_color())
+        ax.set_xscale("log")  # plain numbers: 1, 2, 5 x 10^k over a short range, else 10^k
+        lo, hi = ax.get_xlim()
+        subs = (1, 2, 5) if np.log10(hi / lo) <= 2.5 else (1,)
+        ax.xaxis.set_major_locator(LogLocator(subs=subs, numticks=9))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set(xlabel="ms (log scale)", ylabel="share of samples at or under", title=title,
+               ylim=(0, 1.02))
+        ax.axhline(0.99, color="grey", lw=0.6, ls=":")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right", title="o p50, \u25a1 p99", title_fontsize=8)
 
 
 def main() -> None:

@@ -178,6 +178,11 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
          "batch 32 does 32 times more on the same bytes"),
         (r"on this machine: .* memory-bound below [0-9.]+ FLOPs per byte",
          "the machine's balance is measured in this run"),
+        (r"budget 512: .*ITL p50 .* p99 .*\nbudget 128: .*ITL p50 .* p99 ",
+         "both step budgets are measured, 512 first"),
+        (r"on this machine at \d+ streams the (512|128)-token budget had the lower ITL p99 "
+         r"\([0-9.]+ vs [0-9.]+ ms\); 128/512: throughput [0-9.]+x, TTFT p50 [0-9.]+x",
+         "which budget had the lower ITL tail, and the throughput and TTFT ratios, are this run's"),
     ],
     "10": [
         (r"hosts: 3 (hosts made of network namespaces|loopback 'nodes' on 127\.0\.0\.1)",
