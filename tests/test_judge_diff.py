@@ -67,3 +67,8 @@ def test_fail_shows_one_line_and_short_excerpts():
                             "expected": fail.expected, "got": fail.got, "differs": fail.differs})
     assert "differs:  at [1999]: 0 where 1999 was expected (lengths 2000 expected, 2000 got)" in shown
     assert len(shown) < 600
+
+
+def test_a_description_against_a_value_is_not_walked():
+    assert summarise("ValueError", [bytes(200)]) is None
+    assert summarise(list(range(100)), tuple(range(100))) is not None

@@ -32,10 +32,21 @@ def summarise(expected: Any, got: Any) -> Difference | None:
     themselves)."""
     if max(len(_repr(expected)), len(_repr(got))) <= SUMMARY_CHARS:
         return None
+    if not _alike(expected, got):  # a description against a value ("ValueError" vs frames)
+        return None
     try:
         return _walk(expected, got, "")
     except Exception:  # a value whose comparison raises: show the plain reprs
         return None
+
+
+def _alike(e: Any, g: Any) -> bool:
+    """Whether two values are of one kind, so that a slot-by-slot walk means something."""
+    kinds = ((bytes, bytearray, memoryview), (list, tuple), (dict,), (str,))
+    if any(isinstance(e, k) and isinstance(g, k) for k in kinds):
+        return True
+    numpy = "numpy" in (type(e).__module__, type(g).__module__)
+    return numpy or (type(e) is type(g) and _fields(e) is not None)
 
 
 def _repr(value: Any) -> str:

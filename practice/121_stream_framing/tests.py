@@ -236,6 +236,12 @@ def partial_reads(impl):
                 raise Fail(f"frame {i} failed: a recv() may return fewer bytes than asked, so read "
                            "in a loop until you have them all", got=repr(exc),
                            input="pieces of 1, 1, 1, 1, 7 and 997 bytes per recv()")
+            if got is not None and len(got) > len(f):
+                raise Fail(f"frame {i} came out {len(got) - len(f)} bytes longer than its header "
+                           "says: recv_exact asked recv() for more than the bytes still missing "
+                           "and took the next frame's bytes with them. Ask for n minus what you "
+                           "have, each time", expected=f"{len(f)} bytes", got=f"{len(got)} bytes",
+                           input="pieces of 1, 1, 1, 1, 7 and 997 bytes per recv()")
             if got != f:
                 raise Fail(f"frame {i} came out wrong: a recv() may return fewer bytes than asked",
                            expected=f"{len(f)} bytes", got=f"{len(got) if got is not None else None} bytes",
