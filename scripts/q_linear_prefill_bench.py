@@ -6,13 +6,14 @@
 
 Ways: c (csrc/quant_ops.c: the GEMV below 6 rows, the register-blocked GEMM above, weights
 unpacked a tile at a time), sgemm (torch.mm on the float32 matrix dequantized once, ahead:
-MKL/oneDNN with no dequantizing at all, the ceiling for float32) and mm (custom_ops.q_linear_mm:
-the blocks dequantized into a scratch matrix on every call, then torch.mm). Each pair is timed
+MKL/oneDNN with no dequantizing at all, the ceiling for float32), mm (custom_ops.q_linear_mm:
+the blocks dequantized into a scratch matrix on every call, then torch.mm) and bf16 (the same in
+bfloat16: opt-in, other numbers). Each pair is timed
 in alternation (paired_timing.py): the ratios hold on a loaded machine, the GFLOP/s (best of the
 rounds' medians) only on a quiet one, so the load average is printed. The fp32 peak is measured
 by a C loop of independent vector FMAs (compiled here with -march=native) on one core.
 The step: 8 prompts of 64 tokens in one forward (the model runner's path, no logits), with
-q_linear's prefill choice set to c and to mm in turn.
+q_linear's prefill choice set to c, mm and bf16 in turn.
 """
 
 import argparse
@@ -82,7 +83,7 @@ def weight(n: int, k: int, qtype) -> QuantWeight:
 
 def kernel_table(rows: list[int], budget_s: float) -> None:
     print(f"{'shape':>8} {'M':>4} | {'c ms':>8} {'GF/s':>5} | {'sgemm ms':>8} {'GF/s':>5} | "
-          f"{'mm ms':>8} {'GF/s':>5} | c/sgemm  c/mm")
+          f"{'mm ms':>8} {'GF/s':>5} | {'bf16 ms':>8} {'GF/s':>5} | c/sgemm  c/mm  c/bf16")
     for name, n, k, qtype in SHAPES:
         w = weight(n, k, qtype)
         wf = w.float() if n * k <= custom_ops.MM_MAX_WEIGHTS else None
@@ -96,9 +97,12 @@ def kernel_table(rows: list[int], budget_s: float) -> None:
                 continue
             r_sgemm, c_s, s_s = paired_ratio(c, lambda: x @ wf.t(), budget_s)
             r_mm, _, mm_s = paired_ratio(c, lambda: custom_ops.q_linear_mm(x, w), budget_s)
+            r_bf, _, bf_s = paired_ratio(c, lambda: custom_ops.q_linear_mm(x, w, bf16=True),
+                                         budget_s)
             print(f"{name:>8} {m:4d} | {c_s * 1e3:8.3f} {flops / c_s / 1e9:5.1f} | "
                   f"{s_s * 1e3:8.3f} {flops / s_s / 1e9:5.1f} | {mm_s * 1e3:8.3f} "
-                  f"{flops / mm_s / 1e9:5.1f} | {r_sgemm:6.2f} {r_mm:5.2f}")
+                  f"{flops / mm_s / 1e9:5.1f} | {bf_s * 1e3:8.3f} {flops / bf_s / 1e9:5.1f} | "
+                  f"{r_sgemm:6.2f} {r_mm:5.2f} {r_bf:6.2f}")
 
 
 def prefill_step(rounds: int) -> None:
@@ -114,7 +118,7 @@ def prefill_step(rounds: int) -> None:
         PrefillChunk(i * length, (i + 1) * length, length,
                      torch.arange(i * length // bs, (i + 1) * length // bs)) for i in range(seqs)])
     base = op_choice.table()
-    times: dict[str, list[float]] = {"c": [], "mm": []}
+    times: dict[str, list[float]] = {"c": [], "mm": [], "bf16": []}
     for _ in range(rounds):
         for way in times:
             op_choice.set_table({**base, "q_linear/prefill": way})
@@ -122,12 +126,11 @@ def prefill_step(rounds: int) -> None:
             model.forward(ids, positions, kv, meta)
             times[way].append(time.perf_counter() - start)
     op_choice.set_table(base)
-    ratios = [c / mm for c, mm in zip(times["c"], times["mm"])]
     for way, ts in times.items():
-        print(f"512-token prefill step, q_linear {way:>2}: median {np.median(ts) * 1e3:.0f} ms, "
-              f"{np.median(ts) / 512 * 1e3:.2f} ms a prompt token")
-    print(f"c/mm per round: median {np.median(ratios):.2f} "
-          f"({', '.join(f'{r:.2f}' for r in ratios)})")
+        ratios = [c / t for c, t in zip(times["c"], ts)]
+        print(f"512-token prefill step, q_linear {way:>4}: median {np.median(ts) * 1e3:.0f} ms, "
+              f"{np.median(ts) / 512 * 1e3:.2f} ms a prompt token; c/{way} per round: median "
+              f"{np.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 @torch.inference_mode()
