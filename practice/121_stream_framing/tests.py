@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 from minivllm.judge.properties import for_all, st
 
 
@@ -152,6 +152,7 @@ def _whole_frame_through_a_timeout_socket(impl) -> None:
 def round_trip(impl):
     a, b = _pair()
     try:
+        step("send_frame(sock, b''), then send_frame(sock, b'hello'), read back by the judge")
         impl.send_frame(a, b"")
         impl.send_frame(a, b"hello")
         check_equal(b.recv(4), struct.pack("!I", 0), "send_frame(b'') on the wire (a header "
@@ -160,6 +161,7 @@ def round_trip(impl):
         check_equal(b.recv(5), b"hello", "the payload after the header")
         for size in BOUNDARY_SIZES:
             payload = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+            step(f"send_frame(sock, {size} bytes), read back by the judge")
             with ThreadPoolExecutor(1) as pool:  # the judge reads while send_frame writes
                 reading = pool.submit(_read_frame, b)
                 try:
@@ -174,6 +176,7 @@ def round_trip(impl):
                            f"below 2**32", expected=f"{size} bytes", got=f"{len(got)} bytes")
         _whole_frame_through_a_timeout_socket(impl)
         a.sendall(struct.pack("!I", 0))
+        step("recv_frame of an empty frame (a header saying 0)")
         try:
             got = impl.recv_frame(b)
         except Exception as exc:
@@ -197,6 +200,7 @@ def glued_frames(impl):
     a.close()
     try:
         for i, f in enumerate(frames):
+            step(f"recv_frame of frame {i} ({len(f)} bytes) of the glued frames")
             try:
                 got = impl.recv_frame(b)
             except Exception as exc:
@@ -210,6 +214,7 @@ def glued_frames(impl):
             if got != f:
                 raise Fail(f"frame {i} of frames glued into one send() came out wrong",
                            expected=repr(f)[:80], got=repr(got)[:80])
+        step("recv_frame after the last glued frame (the peer closed)")
         try:
             last = impl.recv_frame(b)
         except Exception as exc:
@@ -230,6 +235,7 @@ def partial_reads(impl):
     t = _trickle(a, _cut(wire), b)
     try:
         for i, f in enumerate(frames):
+            step(f"recv_frame of frame {i} ({len(f)} bytes), arriving in pieces")
             try:
                 got = impl.recv_frame(b)
             except Exception as exc:
@@ -247,6 +253,7 @@ def partial_reads(impl):
                            expected=f"{len(f)} bytes", got=f"{len(got) if got is not None else None} bytes",
                            input="pieces of 1, 1, 1, 1, 7 and 997 bytes per recv()")
             check_equal(type(got).__name__, "bytes", f"the type recv_frame returned for frame {i}")
+        step("recv_frame after the last frame (the peer closed)")
         try:
             last = impl.recv_frame(b)
         except Exception as exc:
@@ -435,6 +442,7 @@ def any_sizes_any_splits(impl):
         payloads = [_payload(i, n) for i, n in enumerate(sizes)]
         wire = b"".join(struct.pack("!I", len(p)) + p for p in payloads)
         example = f"frames of {sizes} bytes"
+        step(f"send_frame of {example}, read back by the judge")
         sent = _sent(impl, payloads)
         if sent != wire:
             at = next((i for i, (x, y) in enumerate(zip(sent, wire)) if x != y), min(len(sent), len(wire)))
@@ -442,6 +450,7 @@ def any_sizes_any_splits(impl):
                        f"big-endian length then the payload, first at byte {at}",
                        expected=f"{len(wire)} bytes", got=f"{len(sent)} bytes")
         bounds = [0, *cuts, len(wire)]
+        step(f"recv_frame of {example}, the stream cut at byte offsets {cuts}")
         got = _came_out(impl, payloads, [wire[x:y] for x, y in zip(bounds, bounds[1:])])
         if got != [*payloads, None]:
             i = next(i for i, (g, e) in enumerate(zip(got, [*payloads, None])) if g != e)
