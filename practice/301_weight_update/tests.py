@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, learner_frame, step, test
 
 
 def engine(device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -27,10 +29,18 @@ def snapshot(weights):
 def expect_mismatch(impl, target, update, what: str) -> str:
     before = snapshot(target)
     ids = {n: (id(t), t.data_ptr()) for n, t in target.items()}
+    step(f"apply_update(target, update): {what}")
     try:
         impl.apply_update(target, update)
     except impl.WeightMismatchError as exc:
         message = str(exc)
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        line = learner_frame(exc.__traceback__, os.path.dirname(impl.__file__))
+        raise Fail(f"apply_update raised {type(exc).__name__} for {what}" + (
+                   f", in {line}" if line else "") + ": a misfit raises the starter's "
+                   "WeightMismatchError (and changes nothing)",
+                   expected="WeightMismatchError", got=f"{type(exc).__name__}: {exc}",
+                   input=what) from None
     else:
         raise Fail(f"apply_update accepted {what}: it must raise WeightMismatchError",
                    input=what)
@@ -59,6 +69,7 @@ def check_in_place(impl, device: str) -> None:
     ids = {n: (id(t), t.data_ptr()) for n, t in target.items()}
     before = snapshot(target)
     where = f"update {list(update)} (engine's order: {list(target)}), on {device}"
+    step(f"apply_update(target, {where})")
     try:
         names = impl.apply_update(target, update)
     except RuntimeError as e:
