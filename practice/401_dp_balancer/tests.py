@@ -16,7 +16,7 @@ import time
 import msgspec
 import zmq
 
-from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, step, test
 from minivllm.judge.polls import PollLog, check_polls_time_left
 from minivllm.judge.procfs import fd_count
 from minivllm.utils.zmq import IpcDir
@@ -113,17 +113,23 @@ class Bench(EngineBench):
             "wait_ready(1) (times stretched on a busy machine); then shutdown() with engine 1 "
             "never connected", timeout=20)
 def ready_and_timeout(impl):
+    step("engine_identity(258)")
     check_equal(impl.engine_identity(258), b"\x02\x01", "engine_identity(258) (2 bytes, little "
                                                       "endian, as vllm/v1/engine/core.py:1191)")
     _check_identity_bounds(impl)
+    step("a client over 3 engines connecting 0.2, 0.4, 0.6 s late, wait_ready, shutdown")
     with Bench(impl, 3, [0.2, 0.4, 0.6]):
         pass
     never, s = 3600.0, scaled(1.0)  # engine 1 never connects (the bench stops it)
     for _ in range(TRICKLE_ROUNDS):
+        step(f"wait_ready({s:g}) over 4 engines, engine 1 never connects, the others' READYs "
+             "trickle in")
         with Bench(impl, 4, [0.3 * s, never, 0.6 * s, 0.9 * s], ready=False) as b:
             if _check_total_timeout(b, timeout=s):
+                step("wait_ready(timeout) with engine 1 missing, on a clock that stands still")
                 check_polls_time_left(b.client.wait_ready, "wait_ready(timeout) with engine 1 "
                                       "missing", WAIT_S)
+                step("shutdown() with engine 1 missing")
                 _check_shutdown_skips_a_missing_engine(b)
                 return
     raise Fail(f"in {TRICKLE_ROUNDS} rounds the judge called wait_ready too late to see the "
@@ -131,11 +137,13 @@ def ready_and_timeout(impl):
 
 
 def _check_identity_bounds(impl):
+    step("engine_identity(65535), rank_of(b'\\xff\\xff'), rank_of(b'\\x02\\x01')")
     check_equal((impl.engine_identity(65535), impl.rank_of(b"\xff\xff"), impl.rank_of(b"\x02\x01")),
                 (b"\xff\xff", 65535, 258), "(engine_identity(65535), rank_of(b'\\xff\\xff'), "
                                             "rank_of(b'\\x02\\x01'))")
     for call, arg in [("engine_identity", 65536), ("engine_identity", -1), ("rank_of", b"\x01"),
                       ("rank_of", b"\x01\x00\x00"), ("rank_of", b"")]:
+        step(f"{call}({arg!r})")
         try:
             got = getattr(impl, call)(arg)
         except ValueError:
@@ -199,8 +207,10 @@ def late_ready_is_counted(impl):
         late = JudgeEngine(b.ctx, b.address, 1)
         b.engines.append(late)
         late.finish([])  # sent after its READY
+        step(f"poll_outputs({WAIT_S:g}): engine 1's READY, then its output, come")
         try:
-            outs = b.client.poll_outputs(WAIT_S)
+            with PollLog() as log:
+                outs = b.client.poll_outputs(WAIT_S)
         except Exception as e:
             raise Fail(f"poll_outputs raised {type(e).__name__}: {e}, where engine 1's READY came "
                        "after wait_ready had timed out (an engine that started late): a READY is "
@@ -208,6 +218,14 @@ def late_ready_is_counted(impl):
         check_equal([o.engine_index for o in outs], [1], "the engine_index of each output "
                     "poll_outputs returned (engine 1 sent its READY, then one output: a READY "
                     "is no output, so count it and wait on, to the same deadline, for the output)")
+        polls = [ms for _, ms in log.calls]
+        if polls and not log.found[-1] and polls[-1] != 0:  # the poll that ended the call
+            raise Fail(f"poll_outputs({WAIT_S:g}) took engine 1's output, then waited again for "
+                       f"more (its last poll, which found nothing: poll({polls[-1]})): the "
+                       "README has it take every output already there without waiting again "
+                       "(poll(0)), so a caller is not held up once an output came",
+                       expected="a last poll(0)", got=f"its polls: {polls}")
+        step(f"wait_ready({scaled(QUIET_S):g}) after poll_outputs took engine 1's late READY")
         try:
             got = b.client.wait_ready(scaled(QUIET_S))
         except TimeoutError as e:
@@ -319,9 +337,11 @@ def explicit_engine_and_bad_input(impl):
                        "first engine, a valid name (look at the lower bound of your range "
                        "check)") from None
         check_equal(got, 0, "add_request('f', engine=0)")
+        step("poll_outputs(timeout) on a clock that stands still, nothing sent")
+        check_polls_time_left(b.client.poll_outputs, "poll_outputs(timeout)", WAIT_S)
+        step(f"poll_outputs({QUIET_S:g}) when no engine has sent anything")
         check_equal(b.client.poll_outputs(QUIET_S), [], f"poll_outputs({QUIET_S:g}) when no "
                                                         "engine has sent anything")
-        check_polls_time_left(b.client.poll_outputs, "poll_outputs(timeout)", WAIT_S)
 
 
 @test(input="r0..r5 on 3 engines; abort(['r1', 'r5', 'nope', 'r0', 'r4']) after engine 0 "
