@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch._C._distributed_c10d import ProcessGroup
 
-from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, step, test
 
 WAIT_S = scaled(30.0)  # a rank that has not answered in this long is stuck in a collective
 IN, HIDDEN, OUT = 6, 12, 4
@@ -120,9 +120,14 @@ def run_ranks(impl, world_size, job):
 
 def _close(got, want, what):
     got = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got
-    if got.shape != want.shape or not torch.allclose(got, want, atol=1e-9):
-        raise Fail(f"{what} differs from the unsplit layer", expected=want.tolist(),
-                   got=got.tolist())
+    if got.shape != want.shape:
+        raise Fail(f"{what}: its shape differs from the unsplit layer's",
+                   expected=tuple(want.shape), got=tuple(got.shape))
+    off = (~torch.isclose(got, want, atol=1e-9)).nonzero().tolist()
+    if off:  # one line: where it first differs, and how many values do
+        at = tuple(off[0])
+        raise Fail(f"{what} differs from the unsplit layer: {len(off)} of {want.numel()} values, "
+                   f"the first at index {list(at)}", expected=want[at].item(), got=got[at].item())
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -133,6 +138,7 @@ def shards(impl):
     for ws in (2, 3):
         per_out, per_in = HIDDEN // ws, IN // ws
         for r in range(ws):
+            step(f"column_shard(w (12, 6), b (12,), {r}, {ws})")
             cw, cb = impl.column_shard(w, b, r, ws)
             if cw.shape != (per_out, IN) or not torch.equal(cw, w[r * per_out:(r + 1) * per_out]):
                 raise Fail(f"column_shard(w, b, {r}, {ws}): a column-parallel rank holds rows "
@@ -141,14 +147,18 @@ def shards(impl):
                                                               .shape), got=tuple(cw.shape))
             check_equal(cb.tolist(), b[r * per_out:(r + 1) * per_out].tolist(),
                         f"the bias slice of column_shard(w, b, {r}, {ws})")
+            step(f"row_shard(w (12, 6), {r}, {ws})")
             rw = impl.row_shard(w, r, ws)
             cols = w[:, r * per_in:(r + 1) * per_in]
             if rw.shape != (HIDDEN, per_in) or not torch.equal(rw, cols):
                 raise Fail(f"row_shard(w, {r}, {ws}): a row-parallel rank holds columns "
                            f"{r * per_in}..{(r + 1) * per_in - 1} of the (out, in) weight (its "
                            "input features)", expected=(HIDDEN, per_in), got=tuple(rw.shape))
+        step(f"column_shard(w, None, 0, {ws})")
         check_equal(impl.column_shard(w, None, 0, ws)[1], None, "column_shard with bias None")
-    for call in (lambda: impl.column_shard(w, b, 0, 5), lambda: impl.row_shard(w, 0, 5)):
+    for name, call in (("column_shard(w (12, 6), b, 0, 5)", lambda: impl.column_shard(w, b, 0, 5)),
+                       ("row_shard(w (12, 6), 0, 5)", lambda: impl.row_shard(w, 0, 5))):
+        step(name)
         try:
             got = call()
         except ValueError as e:
