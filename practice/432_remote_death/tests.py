@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 from minivllm.judge.bounded import call_bounded, open_fds
 
 ARRIVE_S = scaled(5.0)  # a byte or FIN on loopback arrives in microseconds; this is a hang guard
 D = 10.0  # the deadline, in the FakeClock's seconds
+ENDED_S = scaled(1.0)  # close() queues the FIN itself: this wait only finds one never sent
 
 
 class FakeClock:
@@ -63,6 +64,7 @@ def _beat(pairs, *names, count=1, byte=b"."):
 
 def _check(watch, wait=0.0, where=""):
     """watch.check(wait) in a thread: a check() that blocks on a quiet peer fails, not hangs."""
+    step(f"check({wait:g})" + (f" ({where})" if where else ""))
     t, out = call_bounded(watch.check, wait, limit=ARRIVE_S + wait)
     if t.is_alive():
         raise Fail(f"check({wait:g}) had not returned after {ARRIVE_S + wait:g} s: it blocked on "
@@ -82,6 +84,7 @@ def _watching(impl, names):
     """A FakeClock, the pairs and your PeerWatch over your ends; closed however the test ends."""
     clock, pairs, watch = FakeClock(), _pairs(names), None
     try:
+        step(f"PeerWatch(sockets of {list(names)}, {D:g}, clock)")
         watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
         yield clock, pairs, watch
     finally:
@@ -102,7 +105,13 @@ def silent_peer_deadline(impl):
         t0 = clock.now
         clock.now = t0 + 4
         _beat(pairs, "A")
-        check_equal(_check(watch, where="t=4, A just beat"), {}, "check() at t=4")
+        got = _check(watch, where="t=4, A just beat")
+        if got:
+            raise Fail(f"check() at t=4 of the clock you were given (4 s after the watch was "
+                       f"made, deadline {D:g} s) reported {got}: nobody is past the deadline "
+                       "yet. A peer never heard counts as heard at clock() when the watch was "
+                       "made, and all time comes from `clock` (the judge's fake clock), never "
+                       "time.monotonic()", expected={}, got=got)
         clock.now = t0 + 4 + D
         got = _check(watch, where="t=14")
         if got.get("A"):
@@ -126,6 +135,7 @@ def silent_peer_deadline(impl):
 
 def _check_deadline_argument(impl):
     for bad in (0, -1.5):
+        step(f"PeerWatch({{}}, {bad})")
         try:
             impl.PeerWatch({}, bad).close()
         except ValueError as e:
@@ -135,6 +145,7 @@ def _check_deadline_argument(impl):
                            got=str(e)) from None
             continue
         raise Fail(f"PeerWatch({{}}, {bad}) must raise ValueError: a deadline is > 0 seconds")
+    step("PeerWatch({}, 0.5), then close()")
     try:
         impl.PeerWatch({}, 0.5).close()
     except ValueError as e:
@@ -143,7 +154,7 @@ def _check_deadline_argument(impl):
 
 
 def _ended(theirs, who: str) -> None:
-    if not select.select([theirs], [], [], ARRIVE_S)[0] or theirs.recv(1) != b"":
+    if not select.select([theirs], [], [], ENDED_S)[0] or theirs.recv(1) != b"":
         raise Fail(f"the connection of {who} is still open: close the socket of a peer you "
                    "report, and stop watching it")
 
@@ -320,9 +331,11 @@ def close_releases(impl):
     before = open_fds()
     clock, pairs = FakeClock(), _pairs("ABC")
     try:
+        step(f"PeerWatch(sockets of A, B, C, {D:g}, clock)")
         watch = impl.PeerWatch({n: p[0] for n, p in pairs.items()}, D, clock)
         _beat(pairs, "A", "B", "C")
         check_equal(_check(watch), {}, "check() after a beat from each")
+        step("close(), then close() again")
         watch.close()
         watch.close()
         for n, (_, theirs) in pairs.items():
