@@ -16,7 +16,7 @@ import random
 import socket
 import threading
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 from minivllm.judge.properties import for_all, st
 from minivllm.model.paths import default_model_path
 from minivllm.tokenizer import Tokenizer
@@ -59,6 +59,8 @@ def oracle(impl, ids_so_far: list[int], skip=True) -> str:
 def replay(impl, ids, what, skip=True, batch=1):
     """Push ids `batch` at a time (or batch[0], batch[1], ... in turn, for a list of sizes);
     after each push the text so far must be the oracle's."""
+    step(f"{what}: IncrementalDetokenizer(tokenizer, skip_special_tokens={skip}), then push() of "
+         f"the token ids {ids}, {batch} at a time, then flush()")
     d = impl.IncrementalDetokenizer(tok(), skip_special_tokens=skip)
     sent, end, sizes = "", 0, itertools.cycle([batch] if isinstance(batch, int) else batch)
     while end < len(ids):
@@ -102,6 +104,7 @@ def one_token_at_a_time(impl):
 
 def _check_unknown_id(impl):
     n = tok().vocab_size
+    step(f"token_bytes(tokenizer, {n}) (given code): one past the vocabulary")
     try:
         got = impl.token_bytes(tok(), n)
     except ValueError as e:
@@ -117,6 +120,7 @@ def _check_unknown_id(impl):
 def _check_two_at_once(impl, texts):
     """Two requests stream at once: each detokenizer keeps its own unfinished bytes."""
     ids = [byte_ids(t.encode()) for t in texts]
+    step(f"two IncrementalDetokenizers pushed in turn, one byte token each: {texts}")
     ds = [impl.IncrementalDetokenizer(tok()) for _ in texts]
     sent = ["" for _ in texts]
     for i in range(max(map(len, ids))):
@@ -169,6 +173,7 @@ def _check_stream(impl, ids, sizes, skip):
             "character); 'x' 80 'y' (a stray byte); 'z' F0 9F at the end of the stream; every "
             "byte 80-FF that has a token followed by each of 18 edge bytes; 150 random mixes (seed 421)")
 def invalid_bytes(impl):
+    step("IncrementalDetokenizer(tokenizer): push([]), then flush()")
     d = impl.IncrementalDetokenizer(tok())
     check_equal((d.push([]), d.flush()), ("", ""), "(push([]), flush()) of a fresh detokenizer")
     cases = [((b"\xe6\x9d", b"a"), "\ufffda"), ((b"x", b"\x80", b"y"), "x\ufffdy"),
@@ -220,6 +225,8 @@ def special_tokens(impl):
     check_equal(replay(impl, ids, "<|im_start|>ok<|im_end|>", skip=True), "ok",
                 "the text of <|im_start|> + 'ok' + <|im_end|> with skip_special_tokens=True "
                 "(every special token is skipped, not only the end of text)")
+    step("IncrementalDetokenizer(tokenizer) (skip_special_tokens left at its default): "
+         "push(<|im_start|> + 'ok' + <|im_end|>), flush()")
     d = impl.IncrementalDetokenizer(t)
     check_equal(d.push(ids) + d.flush(), "ok", "IncrementalDetokenizer(tokenizer) (the default "
                 "is skip_special_tokens=True) of <|im_start|> + 'ok' + <|im_end|>")
@@ -266,8 +273,10 @@ def read_events(sock) -> list[bytes]:
             "'cmpl-7', one batch per token of 'Zürich → 東京 🤗\\nline two', finish_reason="
             "'stop'), sent on a socket pair, read 5 bytes per recv")
 def sse_wire(impl):
+    step("sse_event('[DONE]')")
     check_equal(impl.sse_event("[DONE]"), b"data: [DONE]\n\n", "sse_event('[DONE]')")
     for raw in ("a\nb", "a\rb"):
+        step(f"sse_event({raw!r})")
         try:
             got = impl.sse_event(raw)
         except ValueError as e:
@@ -283,6 +292,7 @@ def sse_wire(impl):
     a, b = socket.socketpair()
     yielded: list[bytes] = []
     taken, at = [0], []  # batches stream_completion took so far; that count at each yield
+    raised: list[BaseException] = []  # what the learner's generator raised in the thread
 
     def batches():
         for i in ids:
@@ -295,8 +305,12 @@ def sse_wire(impl):
                 yielded.append(event)
                 at.append(taken[0])
                 a.sendall(event)
+        except Exception as e:  # reported as the learner's crash below, not as a short stream
+            raised.append(e)
         finally:
             a.close()
+    step(f"stream_completion(tokenizer, 'cmpl-7', one batch per token of {text!r}, 'stop'), "
+         "its events sent on a socket pair as they are yielded")
     t = threading.Thread(target=send, daemon=True)
     t.start()
     try:
@@ -304,34 +318,58 @@ def sse_wire(impl):
     finally:
         b.close()
         t.join(WAIT_S)
+    if raised:
+        raise raised[0]
     bad = [e for e in yielded if not e.endswith(b"\n\n") or e.count(b"\n\n") != 1]
     if bad:
         raise Fail("each item stream_completion yields is exactly one event ending in '\\n\\n'",
                    got=bad[0])
-    check_equal(events[-1:], [b"data: [DONE]"], "the last event")
-    texts, reasons = [], []
-    for raw in events[:-1]:
-        if not raw.startswith(b"data: ") or b"\n" in raw:
-            raise Fail("an event is one line 'data: <json>' (a newline in the text must stay "
-                       "inside the JSON string, escaped)", got=raw)
-        try:
-            body = json.loads(raw[6:].decode("utf-8"))  # strict: a split character fails here
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise Fail("an event's data is not valid UTF-8 JSON", got=f"{raw!r}: {e}") from None
-        check_equal((body.get("id"), body.get("object"), body["choices"][0].get("index")),
-                    ("cmpl-7", "text_completion", 0), "an event's (id, object, choices[0].index)")
-        choice = body["choices"][0]
-        texts.append(choice["text"])
-        reasons.append(choice["finish_reason"])
+    if events[-1:] != [b"data: [DONE]"]:
+        raise Fail("the stream must end with the event 'data: [DONE]' (after the event that "
+                   "carries the finish_reason)", expected=b"data: [DONE]",
+                   got=events[-1] if events else "no event at all")
+    choices = [_choice(raw, "cmpl-7", i) for i, raw in enumerate(events[:-1])]
+    texts = [c["text"] for c in choices]
+    reasons = [c["finish_reason"] for c in choices]
     check_equal("".join(texts), text, "the texts of the events, joined")
     if "\ufffd" in "".join(texts):
         raise Fail("an event holds U+FFFD: a character was sent in pieces", got=texts)
+    if reasons and "stop" not in reasons:
+        raise Fail("no event carries the finish_reason 'stop': after the last batch, "
+                   "stream_completion yields one more event with what flush() gives (here '': "
+                   "every character was complete) and the finish_reason, then data: [DONE]",
+                   expected="a last data event with finish_reason 'stop'",
+                   got=f"{len(reasons)} data events, finish_reasons {sorted(set(map(str, reasons)))}")
     check_equal(reasons[-1], "stop", "finish_reason of the last data event")
     check_equal(set(reasons[:-1]), {None}, "finish_reason of the events before the last")
     empty = [i for i, x in enumerate(texts[:-1]) if not x]
     check_equal(empty, [], "positions of events with empty text before the last (a token that "
                            "completes no character sends no event)")
     _check_streams_as_it_goes(impl, ids, texts, at)
+
+
+def _choice(raw: bytes, request_id: str, i: int) -> dict:
+    """Event i's choices[0], its data checked against the README's chunk, field by field."""
+    raw = raw.removesuffix(b"\n\n")
+    if not raw.startswith(b"data: ") or b"\n" in raw:
+        raise Fail("an event is one line 'data: <json>' (a newline in the text must stay "
+                   "inside the JSON string, escaped)", got=raw)
+    try:
+        body = json.loads(raw[6:].decode("utf-8"))  # strict: a split character fails here
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Fail("an event's data is not valid UTF-8 JSON", got=f"{raw!r}: {e}") from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+        raise Fail(f"event {i} of {request_id!r}: 'choices' must be a list of one dict",
+                   got=body)
+    missing = [k for k in ("index", "text", "finish_reason") if k not in choices[0]]
+    if missing:
+        raise Fail(f"event {i} of {request_id!r}: choices[0] has no {missing} (every chunk "
+                   "carries index, text and finish_reason: null until the last event)",
+                   expected='{"index": 0, "text": ..., "finish_reason": ...}', got=choices[0])
+    check_equal((body.get("id"), body.get("object"), choices[0]["index"]),
+                (request_id, "text_completion", 0), "an event's (id, object, choices[0].index)")
+    return choices[0]
 
 
 def _check_streams_as_it_goes(impl, ids, texts, at):
@@ -350,9 +388,8 @@ def _check_streams_as_it_goes(impl, ids, texts, at):
 def _texts_and_reason(events: list[bytes], request_id: str) -> tuple[str, str]:
     """The joined text of one stream's events and its last finish_reason, checked as it goes."""
     check_equal(events[-1:], [b"data: [DONE]\n\n"], f"the last event of {request_id!r}")
-    bodies = [json.loads(e.removeprefix(b"data: ").decode()) for e in events[:-1]]
-    check_equal({b.get("id") for b in bodies}, {request_id}, f"the ids in {request_id!r}'s events")
-    return "".join(b["choices"][0]["text"] for b in bodies), bodies[-1]["choices"][0]["finish_reason"]
+    choices = [_choice(e, request_id, i) for i, e in enumerate(events[:-1])]
+    return "".join(c["text"] for c in choices), choices[-1]["finish_reason"]
 
 
 @test(input="two streams at once: 'cmpl-a' with the byte tokens of '東🤗' then <|im_end|>, "
@@ -369,8 +406,11 @@ def streams_side_by_side(impl):
         for i in byte_ids("東🤗".encode()) + [end]:
             events["cmpl-b"].append(next(b, None))
             yield [i]
+    step("stream_completion(tokenizer, 'cmpl-a', the byte tokens of '東🤗' then <|im_end|>), each "
+         "batch taken after 'cmpl-b' (those of 'é👩' then <|im_end|>, 'stop') yields one more event")
     events["cmpl-a"] = list(impl.stream_completion(tok(), "cmpl-a", batches_a()))
     events["cmpl-b"] = [e for e in events["cmpl-b"] if e is not None] + list(b)
+    step("stream_completion(tokenizer, 'cmpl-c', [], 'stop'): a stream of no batch")
     events["cmpl-c"] = list(impl.stream_completion(tok(), "cmpl-c", [], "stop"))
     for rid, text, reason in (("cmpl-a", "東🤗", "length"), ("cmpl-b", "é👩", "stop"),
                               ("cmpl-c", "", "stop")):
