@@ -12,9 +12,9 @@ import traceback
 
 import torch
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 
-ENGINE_WAIT_S = scaled(15.0)  # a spawned engine imports torch first; longer than this is a lost frame
+ENGINE_WAIT_S = scaled(15.0)  # a hang guard: an engine's frame not here after this is lost
 SLOW_COPY_S = 0.5  # the slow engine's pause between mapping and copying
 KEEP: list = []  # tensors kept alive until the test process exits
 
@@ -119,6 +119,7 @@ class _MapWatch:
 @test(input="3 tensors (float32 [8, 4] and [4, 4], float64 [4]), shared and attached in one process")
 def share_then_attach(impl):
     ws = weights()
+    step("share(3 tensors: float32 [8, 4] and [4, 4], float64 [4])")
     metas, fds = impl.share(ws)
     check_equal([m["name"] for m in metas], list(ws), "the metas' names, in order")
     check_equal([m["dtype"] for m in metas], ["float32", "float32", "float64"], "the metas' dtypes")
@@ -128,6 +129,7 @@ def share_then_attach(impl):
     if not_shared:
         raise Fail("share() must move the trainer's own tensors into shared memory (in place, "
                    "with share_memory_()), not copies of them", got=f"not shared: {not_shared}")
+    step("attach(those metas, duplicates of those descriptors)")
     with _MapWatch(impl, "attach()"):
         views = impl.attach(metas, [os.dup(fd) for fd in fds])  # dups: the originals belong to ws
     for name, t in ws.items():
@@ -140,10 +142,12 @@ def share_then_attach(impl):
                    got=views["norm"][0].item())
     more = {"experts.w": torch.arange(24.0).reshape(2, 3, 4).to(torch.bfloat16),
             "positions": torch.arange(3, dtype=torch.int64) * (1 << 40)}
+    step("share({'experts.w': bfloat16 [2, 3, 4], 'positions': int64 [3]})")
     metas, fds = impl.share(more)
     check_equal([(m["dtype"], list(m["shape"])) for m in metas],
                 [("bfloat16", [2, 3, 4]), ("int64", [3])], "the metas of a 3-D bfloat16 and an "
                 "int64 tensor")
+    step("attach(the metas and descriptors of a bfloat16 [2, 3, 4] and an int64 [3])")
     try:
         with _MapWatch(impl, "attach()"):
             views = impl.attach(metas, [os.dup(fd) for fd in fds])
@@ -162,8 +166,10 @@ def share_then_attach(impl):
             "once by a new pipe (what another thread's open() may get)")
 def attach_closes_the_descriptors(impl):
     ws = weights()
+    step("share(3 tensors)")
     metas, fds = impl.share(ws)
     dups = [os.dup(fd) for fd in fds]
+    step("attach(3 metas, 3 descriptors)")
     impl.attach(metas, dups)
     left = [fd for fd in dups if not is_closed(fd)]
     if left:
@@ -180,6 +186,7 @@ def attach_closes_the_descriptors(impl):
         reused.append((fd, w))
         return storage
     impl.map_fd = map_then_reuse
+    step("attach(3 metas, 3 descriptors), each number map_fd frees reused at once by a new pipe")
     try:
         impl.attach(metas, [os.dup(fd) for fd in fds])
     finally:
@@ -218,6 +225,7 @@ def engine_copies_in_place(impl):
         except BaseException as e:  # reported below
             errors.append(e)
     thread = threading.Thread(target=trainer, daemon=True)
+    step("receive_weights(b, target) here, while send_weights(a, 4 tensors) runs in a thread")
     thread.start()
     try:
         with _MapWatch(impl, "receive_weights()") as watch:
@@ -233,6 +241,7 @@ def engine_copies_in_place(impl):
     a.close()
     b.close()
     if errors:
+        step("send_weights(a, 4 tensors), in the trainer's thread: it raised")
         raise errors[0]
     where = f"trainer order {list(ws)}, engine order {list(target)}"
     if not torch.equal(target["extra.bias"].detach(), torch.ones(3)):
@@ -262,7 +271,11 @@ def engine_copies_in_place(impl):
 
 
 def with_engine(impl, delay_s: float, body) -> None:
-    ctx = mp.get_context("spawn")
+    """body(conn) with an engine process running serve_engine. Forked: it starts at once with
+    torch already imported (a spawned one imports it first: seconds on a busy machine); the
+    tensors of a round are made and shared after the fork, so it inherits none of their
+    descriptors and maps only what comes over the pipe."""
+    ctx = mp.get_context("fork")
     conn, child_conn = ctx.Pipe()
     shapes = {n: list(t.shape) for n, t in weights().items()}
     proc = ctx.Process(target=impl.serve_engine, args=(child_conn, shapes, delay_s), daemon=True)
