@@ -398,6 +398,7 @@ def timeout_zero(impl):
         except Exception as e:  # noqa: BLE001 - the test looks at what it is
             got.append(e)
     thread = threading.Thread(target=start, daemon=True)
+    step("start_worker(a child that becomes ready only once the judge lets it, timeout=0)")
     with _WaitLog(impl) as log:
         thread.start()
         deadline = time.monotonic() + scaled(10)
@@ -410,7 +411,9 @@ def timeout_zero(impl):
     open(gate, "w").close()  # the child may go on now, whatever start_worker did
     thread.join(scaled(20))
     if got and isinstance(got[0], tuple):
+        step("stop_worker(the process start_worker(timeout=0) returned)")
         impl.stop_worker(got[0][0])
+        step("start_worker(a child that becomes ready only once the judge lets it, timeout=0)")
     if unbounded:
         raise Fail(f"start_worker(timeout=0) called connection.wait with timeout={unbounded[0]}: "
                    "timeout=0 is a deadline already passed (wait 0 s, then TimeoutError unless "

@@ -21,7 +21,7 @@ import threading
 import time
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, test
+from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, step, test
 
 QUIET_S = 0.2  # how long the tests wait where nothing is supposed to arrive
 PROCESS_WAIT_S = scaled(3.0)  # a message or an EOF not seen in this long is lost, not slow
@@ -367,6 +367,7 @@ def _rss_kib(name: str) -> int:
 @test(input="DoorbellChannel(2 slots of 64 KiB), both sides in this process, then close()")
 def channel(impl):
     slots, sb = 2, 64 * 1024
+    step("DoorbellChannel(1, 4096), then DoorbellChannel(2, 65536)")
     other = impl.DoorbellChannel(1, 4096)  # a second channel side by side, untouched
     ch = impl.DoorbellChannel(slots, sb)
     name = ch.name.lstrip("/")
@@ -378,6 +379,7 @@ def channel(impl):
         raise Fail("the segment is not prefaulted: touch every page once when you create it "
                    "(write zeros), so no message pays the page faults", expected=f"{slots * sb // 1024} KiB "
                    "resident", got=f"{rss} KiB resident", input="right after DoorbellChannel(2, 65536)")
+    step("sender(), receiver(), then send(A), recv(), send(B), send(C)")
     s, r = ch.sender(), ch.receiver()
     a, b, c = b"A" * 60000, b"B" * 100, b"C" * 100
     s.send(a)
@@ -390,8 +392,10 @@ def channel(impl):
         raise Fail("recv() must return a copy (bytes): the ack lets the sender reuse the slot, so a "
                    "view into the segment changes under the caller", expected="bytes, 60000 x b'A'",
                    got=f"{kind} starting {head!r}", input="send(A), recv(), send(B), send(C)")
+    step("recv() twice (B, C), then flush()")
     check_equal([r.recv(timeout=1.0), r.recv(timeout=1.0)], [b, c], "the next two messages")
     s.flush(timeout=1.0)
+    step("close(), then close() again")
     ch.close()
     ch.close()  # a second close does nothing
     still_open = [fd for fd in fds if _is_open(fd)]
@@ -402,6 +406,7 @@ def channel(impl):
     if os.path.exists(f"/dev/shm/{name}"):
         raise Fail(f"after close() /dev/shm/{name} still exists: the creator must unlink the segment")
     closed = [fd for fd in others if not _is_open(fd)]
+    step("close() of the other channel")
     other.close()
     if closed:
         raise Fail("closing one channel closed another channel's pipe ends: each channel owns its "

@@ -93,6 +93,7 @@ def first_difference(got: bytes, want: bytes, label) -> str:
 def layout(impl):
     for n, c, b in [(2, 4, 64), (3, 2, 32)]:
         where = f"n_readers={n}, n_chunks={c}, chunk_bytes={b}"
+        step(f"buffer_size and the offsets for {where}")
         check_equal(impl.buffer_size(n, c, b), c * b + c * (1 + n), "buffer_size", where)
         for i in range(c):
             check_equal(impl.chunk_offset(i, b), i * b, f"chunk_offset(chunk={i})", where)
@@ -207,6 +208,7 @@ def wire_format(impl):
     mine, want = bytearray(size), bytearray(size)
     writer = impl.RingWriter(mine, n, c, b)
     for i, m in enumerate(msgs):
+        step(f"your try_write of message {i} ({m!r}), compared with the judge's writer")
         writer.try_write(m)
         ref_write(want, n, c, b, i, m)
         if mine != want:
@@ -216,6 +218,7 @@ def wire_format(impl):
     readers = [impl.RingReader(want, r, n, c, b) for r in range(n)]
     expected = bytearray(want)
     for r, i in order:  # reader 1 first: a ring that numbers its flags backwards shows here
+        step(f"your reader {r}'s try_read of message {i}, from the judge's writer")
         got = readers[r].try_read()
         check_equal(got, msgs[i], f"reader {r}'s message {i} from the judge's writer",
                     input=f"the judge wrote {msgs}; readers read in the order (reader, message) {order}")
@@ -243,6 +246,7 @@ def payload_sizes(impl):
             want = bytearray(buf)
             payload = bytes(range(1, length + 1))
             where = f"try_write of {length} bytes into chunk {index} (chunk_bytes={b})"
+            step(where)
             try:
                 writer.try_write(payload)
             except ValueError:
@@ -261,6 +265,7 @@ def payload_sizes(impl):
             if buf != want:
                 raise Fail("the chunk or the flags are wrong: " + first_difference(buf, want, label),
                            input=where)
+            step(f"try_read of that chunk ({where})")
             reader = impl.RingReader(buf, 0, n, c, b)
             reader.index = index
             check_equal(reader.try_read(), payload, "what your reader got back", where)
@@ -353,11 +358,13 @@ def interleavings(impl):
 
 @test(input="a ring created, attached by name, closed twice and unlinked")
 def cleanup(impl):
+    step("ShmRing(2, 4, 64), then ShmRing(2, 4, 64, name=owner.name)")
     owner = impl.ShmRing(2, 4, 64)
     name = owner.name.lstrip("/")
     other = impl.ShmRing(2, 4, 64, name=owner.name)
     if bytes(other.shm.buf[:impl.buffer_size(2, 4, 64)]) != bytes(impl.buffer_size(2, 4, 64)):
         raise Fail("a new ring must start zeroed (all flags 0)", input="ShmRing(2, 4, 64)")
+    step("unlink() of the ring attached by name")
     other.unlink()  # the README: unlink() removes the segment only in the creator
     if not os.path.exists(f"/dev/shm/{name}"):
         owner.close()
@@ -365,6 +372,7 @@ def cleanup(impl):
                    "creator may unlink; a non-creator's unlink() removes the creator's segment "
                    "under every process that has yet to attach", input="ShmRing(2, 4, 64, "
                    "name=owner.name).unlink()")
+    step("close() of both rings")
     other.close()
     owner.close()
     if not os.path.exists(f"/dev/shm/{name}"):
@@ -374,6 +382,7 @@ def cleanup(impl):
     if procfs.maps_shm(name):
         raise Fail(f"after close() this process still maps /dev/shm/{name}: close() must "
                    "unmap the segment (SharedMemory.close())")
+    step("the creator's unlink()")
     owner.unlink()
     if os.path.exists(f"/dev/shm/{name}"):
         raise Fail(f"after unlink() /dev/shm/{name} still exists: the creator must unlink it")

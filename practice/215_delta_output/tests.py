@@ -165,6 +165,7 @@ def wire_round_trip(impl):
                                       "new_token_ids": [[9]], "new_block_ids": [[6, 7]],
                                       "num_computed_tokens": [12]},
             "num_scheduled_tokens": {"a": 3, "b": 1}, "finished_req_ids": ["z"]}
+    step("encode(an output with one new and one cached request), read by the judge's msgpack")
     try:
         seen = msgspec.msgpack.decode(impl.encode(out))
     except msgspec.DecodeError as e:
@@ -172,14 +173,17 @@ def wire_round_trip(impl):
                    got=str(e)) from None
     check_equal(seen, wire, "encode(out) as the judge's msgpack reader sees it (each Struct a "
                             "map of its fields)")
+    step("decode(the judge's own msgpack encoding of that output)")
     check_equal(impl.decode(msgspec.msgpack.encode(wire)), out,
                 "decode() of the judge's own msgpack encoding of that output")
+    step("decode(encode(out))")
     back = impl.decode(impl.encode(out))
     check_equal(back, out, "decode(encode(out))")
     if not isinstance(back.scheduled_new_reqs[0], impl.NewRequestData) or not isinstance(
             back.scheduled_new_reqs[0].sampling_params, impl.SamplingParams):
         raise Fail("decode must return typed Structs (msgspec.msgpack.Decoder(SchedulerOutput)), "
                    "not dicts and lists", got=type(back.scheduled_new_reqs[0]).__name__)
+    step("decode(b'\\x93junk')")
     try:
         got = impl.decode(b"\x93junk")
     except msgspec.DecodeError:
