@@ -8,7 +8,7 @@ import tracemalloc
 import msgspec
 import numpy as np
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, step, test
 from minivllm.judge.properties import for_all, st
 
 BATCH = [("a", [1, 2, 3]), ("b", []), ("c", [70000, 5])]
@@ -32,6 +32,7 @@ def ref_frames(batch) -> list[bytes]:
 @test(input=f"batch={BATCH}, then {PROPERTY_EXAMPLES} batches drawn by hypothesis whose token "
       "ids span int32, compared byte for byte with the judge's own writer")
 def frame_layout(impl):
+    step(f"encode({BATCH})")
     frames = impl.encode(BATCH)
     check_equal(len(frames), 2, "number of frames (frame 0: msgpack [request_ids, offsets]; "
                 "frame 1: the token ids)")
@@ -39,6 +40,7 @@ def frame_layout(impl):
                 "frame 0 decoded: [request_ids, offsets]")
     check_equal(bytes(frames[1]), np.array([1, 2, 3, 70000, 5], "<i4").tobytes(),
                 "frame 1: int32 little-endian token ids")
+    step(f"encode of {PROPERTY_EXAMPLES} batches drawn by hypothesis")
     for_all(BATCHES, lambda batch: _encodes_as_the_judge(impl, batch), examples=PROPERTY_EXAMPLES,
             what="batch")
 
@@ -54,16 +56,18 @@ def _encodes_as_the_judge(impl, batch) -> None:
                 "frame 0 decoded: [request_ids, offsets]")
     if got[1] != want[1]:
         raise Fail("frame 1 is not every token id as little-endian int32, in order",
-                   expected=want[1].hex(), got=got[1].hex())
+                   expected=want[1], got=got[1])
 
 
 @test(input="token ids 2**31-1 and -2**31 (the int32 ends), then 2**31, -2**31-1 and 2**40")
 def int32_range(impl):
     edge = [("e", [INT32_MAX, INT32_MIN, 0])]
+    step(f"encode({edge})")
     got = bytes(impl.encode(edge)[1])
     check_equal(got, ref_frames(edge)[1], "frame 1 for the two ends of int32", str(edge))
     for bad in (2**31, INT32_MIN - 1, 2**40):
         batch = [("ok", [1, 2]), ("bad", [7, bad])]
+        step(f"encode({batch})")
         try:
             frames = impl.encode(batch)
         except (OverflowError, ValueError):
@@ -83,6 +87,7 @@ def roundtrip(impl):
     rng = np.random.default_rng(0)
     batch = [(f"r{i}", rng.integers(0, 49152, 512 if i % 16 == 0 else 1).tolist())
              for i in range(256)]
+    step("encode(256 requests, every 16th with 512 tokens)")
     frames = impl.encode(batch)
     check_equal(memoryview(frames[1]).nbytes, 4 * sum(len(t) for _, t in batch),
                 "bytes in frame 1 (4 per token)")
@@ -90,6 +95,7 @@ def roundtrip(impl):
     for how, given in (("bytes", [bytes(f) for f in frames]), ("as encode returned them", frames),
                        ("frame 1 a memoryview of int32 items",
                         [body, memoryview(np.frombuffer(data, "<i4"))])):
+        step(f"decode(frames given {how}), then tokens_of(decoded, i) of every request")
         try:
             decoded = impl.decode(given)
         except ValueError as e:
@@ -100,6 +106,7 @@ def roundtrip(impl):
         for i, (_, tokens) in enumerate(batch):
             check_equal(impl.tokens_of(decoded, i).tolist(), tokens, f"tokens_of(decoded, {i})",
                         f"frames given {how}")
+    step(f"decode and tokens_of of the judge's frames of {PROPERTY_EXAMPLES} batches")
     for_all(BATCHES, lambda batch: _decodes_the_judges_frames(impl, batch),
             examples=PROPERTY_EXAMPLES, what="batch")
 
@@ -118,6 +125,7 @@ def _decodes_the_judges_frames(impl, batch) -> None:
 @test(input="batch=[]  and  batch=[('x', [])]")
 def empty(impl):
     for batch in ([], [("x", [])]):
+        step(f"decode(encode({batch}))")
         decoded = impl.decode([bytes(f) for f in impl.encode(batch)])
         check_equal(decoded[0], [r for r, _ in batch], "request ids", str(batch))
         check_equal(len(decoded[1]), 0, "number of tokens (a batch with no tokens decodes to an empty "
@@ -127,6 +135,7 @@ def empty(impl):
 @test(input="decode of frames [body, bytearray of 1000 tokens], then of that bytearray as a "
       "memoryview (bytes, then int32 items), then tokens_of(decoded, 1) of a batch of three")
 def zero_copy(impl):
+    step("encode([('a', 1000 tokens)]), then decode([body, bytearray(frame 1)])")
     frames = impl.encode([("a", list(range(1000)))])
     frame1 = bytearray(frames[1])
     ids, tokens, offsets = impl.decode([frames[0], frame1])
@@ -138,12 +147,14 @@ def zero_copy(impl):
                    expected="a view of frame 1", got="an array with its own memory")
     for how, view in (("a memoryview", memoryview(frame1)),
                       ("a memoryview of int32 items", memoryview(np.frombuffer(frame1, "<i4")))):
+        step(f"decode([body, frame 1 as {how}])")
         if not np.shares_memory(impl.decode([frames[0], view])[1], np.frombuffer(frame1, np.uint8)):
             raise Fail(f"decode copied the token ids of a frame 1 given as {how} (as zmq's "
                        "recv(copy=False) gives it): np.frombuffer takes any buffer without a copy",
                        expected="a view of frame 1", got="an array with its own memory")
     frames = ref_frames([("a", [1]), ("b", [2, 3, 4]), ("c", [5])])
     frame1 = bytearray(frames[1])
+    step("decode of a batch of three, then tokens_of(decoded, 1)")
     decoded = impl.decode([frames[0], frame1])
     part = impl.tokens_of(decoded, 1)
     if not isinstance(part, np.ndarray) or not np.shares_memory(part, np.frombuffer(frame1, np.uint8)):
@@ -168,6 +179,7 @@ def decode_checks_sizes(impl):
              ("offsets [] for request ids [] (and an empty frame 1)",
               [msgspec.msgpack.encode([[], []]), b""])]
     for what, frames in cases:
+        step(f"decode of {what}")
         try:
             impl.decode(frames)
         except ValueError:
@@ -185,6 +197,7 @@ def decode_checks_sizes(impl):
             ("5 offsets for 12 request ids", [msgspec.msgpack.encode([many, [0, 1, 2, 3, 4]]),
                                               bytes(16)],
              {"the number of offsets": "5", "the number of request ids": "12"})]:
+        step(f"decode of {what}")
         try:
             impl.decode(frames)
             message = "(no error)"
@@ -204,8 +217,10 @@ def decode_checks_sizes(impl):
       "tokens and of 500 tokens; the first frames read again after each")
 def encoded_frames_stand_alone(impl):
     first = [("a", list(range(300)))]
+    step("encode(300 tokens 0..299)")
     frames, want = impl.encode(first), ref_frames(first)
     for later in ([("b", list(range(-100, 0)))], [("c", list(range(10**6, 10**6 + 500)))]):
+        step(f"encode({later[0][0]!r}: {len(later[0][1])} tokens), then the first frames read again")
         impl.encode(later)
         got = [bytes(f) for f in frames]
         if got != want:
