@@ -119,7 +119,7 @@ def sender_steps(impl):
                     f"the default timeout of {fn.__qualname__} (the README fixes the signature)")
     slots, sb = 2, 32
     bell_r, bell_w, ack_r, ack_w = fds = _pipes()
-    state = {"bells": 0, "message": 0, "early": None}
+    state = {"bells": 0, "message": 0, "early": None, "acks": 0}
 
     def on_access(kind, key):
         if kind == "store" and waiting(bell_r) > state["bells"] and state["early"] is None:
@@ -131,7 +131,15 @@ def sender_steps(impl):
 
         def send(k, timeout=1.0):
             state["message"] = k
-            s.send(msgs[k], timeout=timeout)
+            try:
+                s.send(msgs[k], timeout=timeout)
+            except TimeoutError:
+                if k == 4:
+                    raise  # the test's own message: two acks in one read
+                raise Fail(f"send() of message {k} raised TimeoutError although a slot was free "
+                           f"(acks written so far: {state['acks']} for {k} messages sent, "
+                           f"{slots} slots): wait for an ack only while every slot holds an "
+                           "unacknowledged message", input=f"send(message {k})") from None
             if state["early"]:
                 m, key = state["early"]
                 raise Fail(f"the doorbell rang before message {m} was in its slot: a receiver woken "
@@ -141,6 +149,10 @@ def sender_steps(impl):
             state["bells"] += 1
             check_equal(waiting(bell_r), state["bells"], f"doorbell bytes after sending message {k} "
                         "(one byte per message)")
+            start = (k % slots) * sb
+            check_equal(bytes(buf.data[start:start + 4]), len(msgs[k]).to_bytes(4, "little"),
+                        f"slot {k % slots}'s length header after sending message {k} (the "
+                        f"payload's {len(msgs[k])} bytes as 4-byte little-endian)")
             check_equal(slot(buf.data, k % slots, sb), msgs[k], f"slot {k % slots} after sending message {k}")
 
         send(0)
@@ -153,8 +165,10 @@ def sender_steps(impl):
                        "wait for an ack (a free slot) before it writes", expected=msgs[0],
                        got=slot(buf.data, 0, sb), input="send(message 2) with 2 slots and no ack")
         os.write(ack_w, b"\x01")
+        state["acks"] = 1
         send(2)
         os.write(ack_w, b"\x01\x01")  # two acks in one write: they come out of one os.read
+        state["acks"] = 3
         send(3)
         try:
             send(4, timeout=QUIET_S)
