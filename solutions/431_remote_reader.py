@@ -9,6 +9,7 @@ reconnects quietly), so a timeout is how the reader finds out.
 
 from __future__ import annotations
 
+import math
 import time
 
 import zmq
@@ -23,7 +24,7 @@ def wait_for_readers(xpub: zmq.Socket, n: int, timeout: float) -> None:
     seen = 0
     while seen < n:
         left = deadline - time.monotonic()
-        if left <= 0 or not xpub.poll(max(1, int(left * 1000))):
+        if left <= 0 or not xpub.poll(math.ceil(left * 1000)):
             raise TimeoutError(f"{seen} of {n} remote readers subscribed within {timeout:g} s")
         if xpub.recv()[0] == SUBSCRIBE:
             seen += 1
@@ -44,7 +45,7 @@ class RemoteReader:
 
     def _recv(self, deadline: float, what: str, timeout: float) -> list[bytes]:
         left = deadline - time.monotonic()
-        if left <= 0 or not self.sock.poll(max(1, int(left * 1000))):
+        if left <= 0 or not self.sock.poll(math.ceil(left * 1000)):
             raise TimeoutError(f"no {what} from the writer at {self.address} within {timeout:g} s: "
                                "is the writer alive and publishing?")
         return self.sock.recv_multipart()

@@ -19,7 +19,7 @@ import time
 
 import zmq
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 from minivllm.judge.bounded import call_bounded, open_fds, start_call
 from minivllm.judge.polls import check_polls_time_left
 
@@ -72,6 +72,7 @@ def _bench(impl, n: int, ready: bool = False, sndhwm: int = 0):
     w, readers = Writer(sndhwm), []
     try:
         for _ in range(n):
+            step(f"RemoteReader(address) ({len(readers) + 1} of {n})")
             readers.append(impl.RemoteReader(w.address))
         w.expect_subscribers(n)
         if ready:
@@ -100,6 +101,8 @@ def ready_handshake(impl):
         sender = threading.Timer(READY_LATE_S, w.sock.send, (READY,))
         sender.start()
         for i, r in enumerate(readers):
+            step(f"reader {i}'s wait_until_ready({HANG_S:g}); READY is sent {READY_LATE_S} s "
+                 "after the first reader's call")
             t, out = _call(r.wait_until_ready, HANG_S)
             if "error" in out:
                 e = out["error"]
@@ -123,6 +126,7 @@ def ready_is_checked(impl):
 def _check_not_ready(impl, first, name):
     with _bench(impl, 1) as (w, readers):
         w.sock.send_multipart(first)
+        step(f"wait_until_ready({HANG_S:g}); the writer's first message is {first}")
         try:
             readers[0].wait_until_ready(HANG_S)
         except RuntimeError as e:
@@ -134,9 +138,12 @@ def _check_not_ready(impl, first, name):
             raise Fail("wait_until_ready raised AssertionError; the README asks for a "
                        "RuntimeError that names what came (an assert vanishes under "
                        "python -O)") from None
+        why = (" (a reader that takes one frame with recv() sees only b'READY': a message is "
+               "all the frames recv_multipart() returns; compare the whole message)"
+               if first[0] == READY else "")
         raise Fail(f"wait_until_ready returned although the first message was {first}, not "
                    "[b'READY'] (one frame): this reader joined a writer that was already "
-                   "publishing and has missed messages; raise RuntimeError naming what came")
+                   f"publishing and has missed messages; raise RuntimeError naming what came{why}")
 
 
 DEAD_WRITER = """
@@ -178,11 +185,14 @@ def _check_timeout(out: dict, call: str, t: float, address: str, what: str) -> N
             f"{SILENT_T}", timeout=30)
 def dead_or_silent_writer(impl):
     with _bench(impl, 1) as (w, [r]):
+        step(f"wait_until_ready({SILENT_T}) against a writer that never sends READY")
         _, out = _call(r.wait_until_ready, SILENT_T)
         _check_timeout(out, f"wait_until_ready({SILENT_T})", SILENT_T, w.address,
                        "a writer that never sends READY")
         w.sock.send(READY)
+        step(f"wait_until_ready({HANG_S:g}) after READY was sent")
         r.wait_until_ready(HANG_S)
+        step(f"dequeue({SILENT_T}) against a writer that sent READY and then nothing")
         t, out = _call(r.dequeue, SILENT_T)
         if t.is_alive():
             w.sock.send(b"unblock")  # the judge sets it free, so that the test can end
@@ -200,9 +210,12 @@ def _killed_mid_stream(impl):
     r = None
     try:
         address = proc.stdout.readline().strip()
+        step("RemoteReader(address of a writer publishing every 2 ms), wait_until_ready, then "
+             "dequeue() 20 times")
         r = impl.RemoteReader(address)
         r.wait_until_ready(JOIN_S)
         got = [[bytes(f) for f in r.dequeue(HANG_S)] for _ in range(20)]
+        step(f"dequeue({SILENT_T}) until it raises, after the writer was killed (SIGKILL)")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         for _ in range(100_000):  # what was in flight still arrives, then nothing
@@ -244,6 +257,7 @@ def _shape(frames) -> str:
 
 
 BURST_N = 4000  # four times ZMQ's default SNDHWM of the writer's XPUB (vLLM keeps the default)
+BURST_WAIT_S = scaled(2.0)  # a reader that takes from TCP empties the writer's queue in ms
 
 
 @test(input="12 distinct multipart messages: frames of 0, 1, 8191-8193, 65535-65537 and "
@@ -256,6 +270,7 @@ def frames_in_order(impl):
         for m in msgs:
             w.sock.send_multipart(m)
         for k, want in enumerate(msgs):
+            step(f"dequeue({HANG_S:g}) of message {k} ({_shape(want)})")
             got = r.dequeue(HANG_S)
             if not isinstance(got, list) or not all(type(f) is bytes for f in got):
                 kinds = sorted({type(f).__name__ for f in got}) if isinstance(got, list) else []
@@ -272,26 +287,38 @@ def frames_in_order(impl):
 def _burst(impl) -> None:
     """vLLM's XPUB keeps ZMQ's default SNDHWM (1000): a PUB drops what a subscriber's queue
     cannot take. A reader whose SUB keeps reading TCP (RCVHWM 0, no limit) takes all of a burst
-    it is not reading yet; one with a small RCVHWM stops reading, and the writer drops the rest."""
+    it is not reading yet; one with a small RCVHWM stops reading, and the writer's queue fills.
+    The judge's writer waits (XPUB_NODROP) where vLLM's would drop, so that a reader starved of
+    CPU on a busy machine is told from one that stopped reading: only the latter leaves the
+    writer's queue full for BURST_WAIT_S."""
     with _bench(impl, 1, ready=True, sndhwm=1000) as (w, [r]):
-        got, body = [], b"." * 1024
-        for k in range(BURST_N):
-            w.sock.send(b"burst %d " % k + body)
-            if k % 100 == 99:
-                time.sleep(0.001)  # the writer's I/O thread keeps up with its queue
-        while True:  # an "end" sent while the writer's queue is full is dropped too: send more
-            w.sock.send(b"end")
-            if (m := r.dequeue(HANG_S)) == [b"end"]:
-                break
+        w.sock.setsockopt(zmq.XPUB_NODROP, 1)
+        w.sock.setsockopt(zmq.SNDTIMEO, int(BURST_WAIT_S * 1000))
+        step(f"a burst of {BURST_N} messages while the reader reads nothing, then "
+             f"dequeue({HANG_S:g}) until [b'end']")
+        body = b"." * 1024
+        for k in range(BURST_N + 1):
+            try:
+                w.sock.send(b"burst %d " % k + body if k < BURST_N else b"end")
+            except zmq.Again:
+                raise Fail(f"a burst of {BURST_N} messages sent while the reader read nothing: "
+                           f"the writer's queue for your reader stayed full for "
+                           f"{BURST_WAIT_S:g} s at message {k}. vLLM's XPUB keeps ZMQ's default "
+                           "SNDHWM (1000) and drops what a subscriber does not take (the judge's "
+                           "writer waits instead, to tell): the SUB must keep reading into its "
+                           "own queue (RCVHWM 0: no limit), so that every message the writer "
+                           "sent arrives, in order") from None
+        got = []
+        while (m := r.dequeue(HANG_S)) != [b"end"]:
             got.append(m)
-        if len(got) != BURST_N:
-            have = {bytes(m[0]).split(b" ")[1] for m in got}
-            missing = next(k for k in range(BURST_N) if b"%d" % k not in have)
+        want = [[b"burst %d " % k + body] for k in range(BURST_N)]
+        if got != want:
+            k = next((i for i, (g, x) in enumerate(zip(got, want)) if g != x), len(got))
             raise Fail(f"a burst of {BURST_N} messages sent while the reader read nothing: "
-                       f"{len(got)} arrived (the first missing is {missing}). The writer's XPUB "
-                       "keeps ZMQ's default SNDHWM (as vLLM's does) and drops what a subscriber "
-                       "does not take: the SUB must keep reading into its own queue (RCVHWM 0: no "
-                       "limit), so that every message the writer sent arrives, in order")
+                       f"{len(got)} arrived, the first wrong or missing is message {k}: every "
+                       "message the writer sent arrives, in order",
+                       expected=f"message {k}: burst {k}",
+                       got=f"{bytes(got[k][0])[:12]!r}..." if k < len(got) else "nothing")
 
 
 def _subscriber(ctx, address):
@@ -310,6 +337,7 @@ def writer_waits_for_every_reader(impl):
     w, ctx = Writer(), zmq.Context()
     subs = [_subscriber(ctx, w.address) for _ in range(2)]
     try:
+        step(f"(a) wait_for_readers(xpub, 3, {HANG_S:g}), 2 of 3 SUBs subscribed, the third later")
         t, out = start_call(impl.wait_for_readers, w.sock, 3, HANG_S)
         if subs[0].poll(int(scaled(0.5) * 1000)):  # nothing may come before the third joins
             raise Fail("READY was sent after 2 of 3 subscriptions: the third reader misses "
@@ -338,6 +366,7 @@ def _short_timeout(impl, ctx) -> None:
     """A subscription already in the XPUB: wait_for_readers(xpub, 1, 0.5) takes it."""
     w, sub = _taken_in(ctx)
     try:
+        step("(d) wait_for_readers(xpub, 1, 0.5), the SUB's subscription already in")
         try:
             impl.wait_for_readers(w.sock, 1, 0.5)
         except TimeoutError as e:
@@ -362,6 +391,7 @@ def _reader_leaves(impl, ctx) -> None:
     w, sub = _taken_in(ctx)
     try:
         sub.close()  # subscribed, now leaves: the XPUB holds b"\x01" then b"\x00"
+        step(f"(b) wait_for_readers(xpub, 2, {LEAVE_T:g}): one SUB subscribed and left")
         try:  # the leave reaches the XPUB in milliseconds; the timeout stretches with load
             impl.wait_for_readers(w.sock, 2, LEAVE_T)
         except TimeoutError as e:
@@ -378,6 +408,7 @@ def _reader_leaves(impl, ctx) -> None:
 
 def _no_readers(impl) -> None:
     w = Writer()
+    step(f"(c) wait_for_readers(xpub, 0, {LEAVE_T:g}), no SUB")
     try:
         impl.wait_for_readers(w.sock, 0, LEAVE_T)
     except TimeoutError as e:
@@ -439,10 +470,13 @@ def wait_deadline_is_total(impl):
     ctx, subs = zmq.Context(), []
     w = Writer()
     try:
+        step(f"wait_for_readers(xpub, {TRICKLE_N}, {TOTAL_T:g}) while a SUB joins every "
+             f"{TRICKLE_GAP_S} s")
         _trickle(lambda k: subs.append(_subscriber(ctx, w.address)),
                  lambda: impl.wait_for_readers(w.sock, TRICKLE_N, TOTAL_T),
                  f"wait_for_readers(n={TRICKLE_N}, timeout={TOTAL_T:g})")
         _check_nothing_sent(w, subs)
+        step(f"wait_for_readers(xpub, {TRICKLE_N + 1}, timeout) on a clock that stands still")
         check_polls_time_left(lambda t: impl.wait_for_readers(w.sock, TRICKLE_N + 1, t),
                               f"wait_for_readers(xpub, {TRICKLE_N + 1}, timeout)", HANG_S)
     finally:
@@ -473,16 +507,21 @@ def read_deadline_is_total(impl):
         for k in range(4):
             w.sock.send_multipart([b"queued", str(k).encode()])
         want = [[b"queued", str(k).encode()] for k in range(3)]
+        step(f"read(3, {HANG_S:g}) with 4 messages queued")
         got = r.read(3, HANG_S)
         if got != want:
             raise Fail("read(3) must return exactly 3 messages, each the list of its frames, in "
                        "order", expected=want, got=got, input="4 messages queued")
+        step(f"read(0, {HANG_S:g}), then dequeue({HANG_S:g})")
         check_equal(r.read(0, HANG_S), [], "read(0) with a 4th message queued (it takes none)")
         check_equal(r.dequeue(HANG_S), [b"queued", b"3"], "dequeue() after read(0)")
+        step(f"read({TRICKLE_N}, {TOTAL_T:g}) while a message comes every {TRICKLE_GAP_S} s")
         message, sent = _trickle(lambda k: w.sock.send_multipart([b"trickle", str(k).encode()]),
                                  lambda: r.read(TRICKLE_N, TOTAL_T),
                                  f"read({TRICKLE_N}, {TOTAL_T:g})", w.address)
         _check_count_told(w, r, message, sent)
+        step("dequeue, read(1, ...), wait_until_ready, each with a timeout, on a clock that "
+             "stands still")
         check_polls_time_left(r.dequeue, "dequeue(timeout)", HANG_S)
         check_polls_time_left(lambda t: r.read(1, t), "read(1, timeout)", HANG_S)
         check_polls_time_left(r.wait_until_ready, "wait_until_ready(timeout)", HANG_S)
@@ -506,6 +545,7 @@ def close_releases_everything(impl):
     w = Writer()
     before = open_fds()
     try:
+        step("RemoteReader(address), wait_until_ready, dequeue, close(), close()")
         r = impl.RemoteReader(w.address)
         w.expect_subscribers(1)
         w.sock.send(READY)
@@ -521,6 +561,7 @@ def close_releases_everything(impl):
                        "Context.instance() keeps its fds for the whole process", got=left[:6])
     finally:
         w.close()
+    step("RemoteReader(address of a writer that is gone), close()")
     r = impl.RemoteReader(w.address)  # its writer has closed: close() must not wait for it
     t, out = _call(r.close)
     if t.is_alive() or "error" in out:
