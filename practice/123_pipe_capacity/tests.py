@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from minivllm.judge import procfs
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 KIB, MIB = 1 << 10, 1 << 20
@@ -58,14 +58,17 @@ def _pattern(start: int, n: int) -> bytes:
 
 @test(input="pipe_max_size() on the real file; on files holding '4194304\\n', 'lots', and none")
 def max_size_file(impl):
+    step("pipe_max_size() on the real file")
     check_equal(impl.pipe_max_size(), _real_max(), "pipe_max_size() (/proc/sys/fs/pipe-max-size)")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "pipe-max-size")
         with open(path, "w") as f:
             f.write("4194304\n")
+        step("pipe_max_size(a file holding '4194304\\n')")
         check_equal(impl.pipe_max_size(path), 4194304, "pipe_max_size(a file holding '4194304\\n')")
         with open(path, "w") as f:
             f.write("lots\n")
+        step("pipe_max_size(a file holding 'lots')")
         try:
             got = impl.pipe_max_size(path)
         except ValueError as e:
@@ -74,6 +77,7 @@ def max_size_file(impl):
                            expected=f"... {path} ...", got=str(e))
         else:
             raise Fail("pipe_max_size of a file holding 'lots' must raise ValueError", got=got)
+        step("pipe_max_size(a missing file)")
         try:
             got = impl.pipe_max_size(os.path.join(d, "missing"))
         except FileNotFoundError:
@@ -84,6 +88,7 @@ def max_size_file(impl):
 @test(input="a fresh pipe (64 KiB): grow_pipe to 256 KiB, 100000, 4096, 1; want 0 and -1; "
             "a regular file")
 def grows_and_rounds(impl):
+    step("grow_pipe(w, 256 KiB), then grow_pipe(w, 100000), on a fresh 64 KiB pipe")
     r, w = os.pipe()
     try:
         check_equal(impl.grow_pipe(w, 256 * KIB), 256 * KIB, "grow_pipe(w, 256 KiB)")
@@ -93,6 +98,7 @@ def grows_and_rounds(impl):
     finally:
         os.close(r)
         os.close(w)
+    step("grow_pipe(r, 100000), then 4096, 1, 0 and -1, on a fresh 64 KiB pipe")
     r, w = os.pipe()
     try:
         check_equal(impl.grow_pipe(r, 100000), 128 * KIB,
@@ -116,6 +122,7 @@ def grows_and_rounds(impl):
     finally:
         os.close(r)
         os.close(w)
+    step("grow_pipe(a regular file's fd, 1 MiB)")
     with tempfile.TemporaryFile() as f:
         try:
             got = impl.grow_pipe(f.fileno(), MIB)
@@ -223,6 +230,8 @@ def halves_on_eperm(impl):
         check_equal(got, max_size, f"{case}: the kernel refuses (EPERM) above pipe-max-size, so "
                                    "halve the request until it is accepted", input=case)
         check_equal(size, max_size, f"F_GETPIPE_SZ after {case}", input=case)
+    step(f"grow_pipe(w, {max_size}) with the page budget refusing more than 256 KiB (EPERM), "
+         "then failing ENOMEM instead")
     r, w = os.pipe()
     try:
         with _PageBudget() as budget:
@@ -321,6 +330,7 @@ def _only_the_voluntary_line(impl) -> None:
             f"nonvoluntary switches; this process, blocked in a pipe read {BLOCKS} times; a reaped "
             "child", timeout=30)
 def counts_voluntary_switches(impl):
+    step(f"voluntary_switches(pid) of a child seen blocked in a read {BLOCKS} times")
     proc = _blocker()
     try:
         for _ in range(BLOCKS):
@@ -338,7 +348,9 @@ def counts_voluntary_switches(impl):
         proc.stdin.close()
         proc.wait()
         proc.stdout.close()
+    step("voluntary_switches(pid) of a blocked child with nonvoluntary switches")
     _only_the_voluntary_line(impl)
+    step(f"voluntary_switches(os.getpid()) before and after {BLOCKS} blocked reads")
     r, w = os.pipe()
     me = f"/proc/self/task/{os.getpid()}/stat"
     try:
@@ -355,6 +367,7 @@ def counts_voluntary_switches(impl):
     if delta < BLOCKS:
         raise Fail(f"voluntary_switches(os.getpid()) must grow by at least {BLOCKS} over "
                    f"{BLOCKS} reads that the judge saw blocked", expected=f">= {BLOCKS}", got=delta)
+    step("voluntary_switches(pid) of a child that exited and was reaped")
     try:
         got = impl.voluntary_switches(proc.pid)
     except ProcessLookupError:
@@ -443,6 +456,7 @@ def transfer_end_to_end(impl):
     for total, pipe_size, size in ((8 * MIB, 64 * KIB, 64 * KIB),
                                    (3 * MIB + 123, min(MIB, _real_max()), min(MIB, _real_max())),
                                    (MIB, 100000, 128 * KIB)):  # the kernel rounds 100000 up
+        step(f"transfer({total}, {pipe_size})")
         t = impl.transfer(total, pipe_size)
         what = f"transfer({total}, {pipe_size})"
         check_equal((t.bytes, t.pipe_size), (total, size), f"{what}: (bytes, pipe_size: the size "
@@ -457,6 +471,7 @@ def transfer_end_to_end(impl):
     for _ in range(200):  # this process has switched far more before the transfer than in it
         time.sleep(0.0001)
     before = _status_counts(os.getpid())[0]
+    step("transfer(1 MiB, 1 MiB) with a reader put to sleep 20 times a read")
     with _BadRead(MIB, naps=20) as naps:  # the reader sleeps 20 times a read: 20 switches
         t = impl.transfer(MIB, MIB)
     during = _status_counts(os.getpid())[0] - before
@@ -471,6 +486,7 @@ def transfer_end_to_end(impl):
                    "read loop", expected=f">= {naps.slept // 2}", got=t.reader_switches)
     _nothing_left(fds, "after transfer() returned", "a writer process is still running or "
                   "unreaped")
+    step("transfer(1, 64 KiB)")
     try:
         check_equal(impl.transfer(1, 64 * KIB).bytes, 1, "transfer(1, 64 KiB).bytes")
     except ValueError as e:
@@ -483,6 +499,7 @@ def _refused(impl, fds: int) -> None:
     """transfer(0, ...) and a pipe size grow_pipe refuses: ValueError, and no fd left behind."""
     for total, pipe_size, why in ((0, 64 * KIB, "there is no 'per MiB' of nothing"),
                                   (MIB, 0, "grow_pipe refuses the pipe size 0")):
+        step(f"transfer({total}, {pipe_size})")
         try:
             got = impl.transfer(total, pipe_size)
         except ValueError:
@@ -531,12 +548,32 @@ class _BadRead:
         os.read = self.real
 
 
-@test(input="transfer(1 MiB, 64 KiB) whose byte 100007 reads wrong; transfer(1 MiB, 64 KiB) "
+def _kill_reaps(impl) -> None:
+    """Writer(...).kill() reaps the writer it killed, one that takes SLOW_DEATH_S to die too."""
+    step(f"Writer(64 MiB, 64 KiB).kill(), the writer taking {SLOW_DEATH_S:g} s to die")
+    writer = impl.Writer(64 * MIB, 64 * KIB)
+    try:
+        with _SlowToDie(writer.pid):
+            writer.kill()
+            reaped = procfs.reaped(writer.pid)
+    finally:
+        procfs.kill_and_reap(writer.pid)
+    if not reaped:
+        raise Fail("kill() returned with the writer not reaped: the README has kill() send "
+                   "SIGKILL, then reap the writer; a killed process takes a moment to die (the "
+                   f"judge made it take {SLOW_DEATH_S:g} s), so reap it with a blocking wait "
+                   "(waitpid(pid, 0)), not one that polls once (WNOHANG)")
+
+
+@test(input="Writer(64 MiB, 64 KiB).kill() of a writer that takes 0.2 s to die; "
+            "transfer(1 MiB, 64 KiB) whose byte 100007 reads wrong; transfer(1 MiB, 64 KiB) "
             "whose last byte never comes (an EOF one byte early)", timeout=40)
 def transfer_checks_the_bytes(impl):
     fds = procfs.fd_count()
+    _kill_reaps(impl)
     for how, bad in (("byte 100007 wrong", _BadRead(MIB, flip=100007)),
                      ("an EOF one byte early", _BadRead(MIB, short=True))):
+        step(f"transfer(1 MiB, 64 KiB) with {how}")
         with bad:
             try:
                 got = impl.transfer(MIB, 64 * KIB)
@@ -658,6 +695,7 @@ def _finish_after(impl, sig, timeout: float, slow_to_die: bool = False):
             "one killed by SIGKILL, then finish(); "
             "Writer(64 MiB, 64 KiB) stopped (SIGSTOP), then finish(timeout=0.5)", timeout=40)
 def finish_reports_errors(impl):
+    step("Writer(64 MiB, 64 KiB) whose read end the judge closed (EPIPE): its exit code")
     writer = impl.Writer(64 * MIB, 64 * KIB)
     os.close(writer.read_fd)  # the reader is gone: the writer's next write fails with EPIPE
     try:
@@ -666,6 +704,7 @@ def finish_reports_errors(impl):
         procfs.kill_and_reap(writer.pid)
     check_equal(code, 1, "the exit code of a writer whose write failed (EPIPE): the README "
                 "fixes os._exit(1) on an error")
+    step("finish() of a writer whose reader closed first")
     got, _, reaped = _finish_after(impl, None, WAIT_S)
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer that exited with code 1 (its reader closed the pipe "
@@ -674,11 +713,13 @@ def finish_reports_errors(impl):
     if not reaped:
         raise Fail("finish() raised RuntimeError but left the writer unreaped: wait4 first, "
                    "then look at its exit status")
+    step("finish() of a writer killed by SIGKILL")
     got, _, _ = _finish_after(impl, signal.SIGKILL, WAIT_S)  # a signal: no exit code, no success
     if not got.startswith("RuntimeError"):
         raise Fail("finish() of a writer killed by SIGKILL must raise RuntimeError: its wait "
                    "status holds a signal, not an exit code of 0 (os.waitstatus_to_exitcode "
                    "gives -9)", expected="RuntimeError: ...", got=got)
+    step("finish(timeout=0.5) of a stopped writer (SIGSTOP)")
     with _RecordedWaits() as recorded:
         got, took, reaped = _finish_after(impl, signal.SIGSTOP, 0.5,  # alive, never exits
                                           slow_to_die=True)
@@ -755,11 +796,13 @@ class _StoppedWriter:
       timeout=30)
 def stopped_writer_times_out(impl):
     fds = procfs.fd_count()
+    step("transfer(64 MiB, 64 KiB, timeout=0.3) from a writer that never runs")
     if _check_no_wait_past(impl, 0.3):
         _nothing_left(fds, "after the TimeoutError of transfer(timeout=0.3)", "the stopped "
                       "writer is still there: kill and reap it")
     asked = 1.0 * S
     call = f"transfer(timeout={asked:.2g})"
+    step(f"{call} from a writer let run for 2 ms every {TRICKLE_S:.2g} s, then stalled")
     started = time.monotonic()
     with _StoppedWriter(until=started + asked) as w:
         timer = threading.Timer(asked + HANG_S, w.give_up)
