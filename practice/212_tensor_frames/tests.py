@@ -11,7 +11,7 @@ import numpy as np
 import zmq
 from hypothesis.extra import numpy as hnp
 
-from minivllm.judge.api import Fail, check_equal, test
+from minivllm.judge.api import Fail, check_equal, step, test
 from minivllm.judge.properties import for_all, st
 
 GARBAGE_CASES = 3000  # random byte strings fed to the decoder, after the crafted ones
@@ -60,6 +60,7 @@ def inline_wire_format(impl):
 @test(input="encode(np.arange(1000, dtype='<f8').reshape(10, 100))  (8,000 bytes)")
 def out_of_band_wire_format(impl):
     arr = np.arange(1000, dtype="<f8").reshape(10, 100)
+    step("TensorEncoder().encode(np.arange(1000, dtype='<f8').reshape(10, 100))")
     frames = impl.TensorEncoder().encode(arr)
     check_equal(len(frames), 2, "number of frames (body + one out-of-band buffer)")
     ext = _ext_of(frames[0])
@@ -72,6 +73,7 @@ def out_of_band_wire_format(impl):
         raise Fail("encode copied a contiguous array: frame 1 must view the array's memory",
                    expected="a view (np.shares_memory is True)", got="a copy")
     ones = np.ones(512, "u1")
+    step("TensorEncoder().encode({'a': 8000 B, 'b': [512 B, 2 B]})")
     two = impl.TensorEncoder().encode({"a": arr, "b": [ones, np.zeros(2, "u1")]})
     check_equal(len(two), 3, "frames for {'a': 8000 B, 'b': [512 B, 2 B]}")
     body = msgspec.msgpack.decode(bytes(two[0]))
@@ -117,10 +119,12 @@ def threshold_boundary(impl):
                                  (256, np.zeros(257, np.uint8), 2), (64, np.zeros(63, np.uint8), 1),
                                  (64, np.zeros(64, np.uint8), 2), (256, np.zeros(63, "<i4"), 1),
                                  (256, np.zeros(64, "<i4"), 2), (256, np.zeros((3, 2, 16), "<f4"), 2)]:
-        frames = impl.TensorEncoder(threshold).encode(arr)
         where = f"threshold={threshold}, {arr.dtype} {arr.shape}: {arr.nbytes} bytes, {arr.size} elements"
+        step(f"TensorEncoder({threshold}).encode({arr.dtype} {arr.shape})")
+        frames = impl.TensorEncoder(threshold).encode(arr)
         check_equal(len(frames), want, f"frames for {arr.nbytes} bytes (inline below the threshold "
                     "in bytes, out of band at or above it)", where)
+    step("TensorEncoder().encode(np.zeros(256, np.uint8))")
     check_equal(len(impl.TensorEncoder().encode(np.zeros(256, np.uint8))), 2,
                 "frames for 256 bytes with TensorEncoder()'s default threshold (256)",
                 "TensorEncoder(), uint8 (256,)")
@@ -149,6 +153,7 @@ def roundtrip_many(impl):
     enc, dec = impl.TensorEncoder(), impl.TensorDecoder()
     before = None  # the previous message's frames, as encode returned them, and its array
     for name, arr in samples:
+        step(f"encode, then decode, of the {name} array (one encoder and decoder for all)")
         frames = enc.encode(arr)
         check_equal(len(frames), 1 + (arr.nbytes >= 256), f"frames for {arr.nbytes} bytes from an "
                     "encoder used before (each message starts with no extra frames)", f"{name} array")
@@ -159,11 +164,13 @@ def roundtrip_many(impl):
                   f"{name} array encoded after the one before")
         before = frames, arr
     msg = {"ids": [a for _, a in samples[:12]], "step": 7, "name": "batch"}
+    step("encode, then decode, of {'ids': [12 arrays], 'step': 7, 'name': 'batch'}")
     got = dec.decode([bytes(f) for f in enc.encode(msg)])
     check_equal((got["step"], got["name"]), (7, "batch"), "the non-array fields", "a dict")
     for i, (name, arr) in enumerate(samples[:12]):
         _same(got["ids"][i], arr, f"ids[{i}]", f"{{'ids': [...], 'step': 7}} holding {name}")
     big = np.zeros(1000, "<f8")
+    step("encode([an 8,000-byte array, object()]) (raises), then encode of the array alone")
     try:
         enc.encode([big, object()])  # the array's frame is taken before object() raises
     except TypeError:
@@ -187,7 +194,10 @@ def non_contiguous(impl):
              ("3-D [:, ::2, 1:]", base.reshape(4, 6, 40)[:, ::2, 1:])]
     enc, dec = impl.TensorEncoder(), impl.TensorDecoder()
     for name, arr in cases:
+        step(f"encode, then decode, of {name}")
         _same(dec.decode([bytes(f) for f in enc.encode(arr)]), arr, "round trip", name)
+    step(f"encode and decode of {PROPERTY_EXAMPLES} arrays drawn by hypothesis, against the "
+         "judge's writer and reader")
     for_all(ARRAYS, lambda drawn: _same_as_the_judge(impl, *drawn), examples=PROPERTY_EXAMPLES,
             what="(array, the view of it sent)")
 
@@ -229,6 +239,7 @@ def _same_as_the_judge(impl, base: np.ndarray, how: str) -> None:
       "after a decode that raised (a frame index 5 of 2)?")
 def zero_copy_decode(impl):
     arr = np.linspace(0, 1, 10_000, dtype="<f4")
+    step("encode({'x': [40,000-byte float32 array]}), then decode([body, bytearray(frame 1)])")
     frames = impl.TensorEncoder().encode({"x": [arr]})
     frame1 = bytearray(frames[1])
     got = impl.TensorDecoder().decode([bytes(frames[0]), frame1])["x"][0]
@@ -238,6 +249,7 @@ def zero_copy_decode(impl):
                    expected="a view of frame 1", got="an array with its own memory")
     dec, view = impl.TensorDecoder(), memoryview(frame1)
     held = weakref.ref(view)
+    step("decode([body, memoryview(frame 1)]), its result dropped")
     got = dec.decode([bytes(frames[0]), view])
     del got, view
     gc.collect()
@@ -248,6 +260,7 @@ def zero_copy_decode(impl):
     view = memoryview(bytearray(800))
     held = weakref.ref(view)
     bad = msgspec.msgpack.encode(msgspec.msgpack.Ext(2, msgspec.msgpack.encode(["<i8", [100], 5])))
+    step("decode of a bad message (frame index 5 of 2), its frame 1 a memoryview")
     try:
         dec.decode([bad, view])
     except Exception:
@@ -268,6 +281,7 @@ def decode_follows_frame_index(impl):
     body = enc([msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i8", [40], 2])),
                 msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<i4", [20], 1]))])
     where = "[Ext(OOB, ['<i8', [40], 2]), Ext(OOB, ['<i4', [20], 1])], frames 1 and 2"
+    step(f"decode of {where}")
     try:
         got = impl.TensorDecoder().decode([body, b.tobytes(), a.tobytes()])
     except impl.DecodeError as e:
@@ -279,6 +293,7 @@ def decode_follows_frame_index(impl):
     arr = np.arange(1000, dtype="<f8").reshape(10, 100)
     body = enc(msgspec.msgpack.Ext(impl.EXT_OOB, enc(["<f8", [10, 100], 1])))
     frame = memoryview(arr)  # 2-D: len(frame) is 10 rows, frame.nbytes is 8,000 bytes
+    step("decode([body, memoryview of a (10, 100) float64 array])")
     try:
         got = impl.TensorDecoder().decode([body, frame])
     except impl.DecodeError as e:
@@ -298,9 +313,11 @@ def zero_copy_through_zmq(impl):
     try:
         a.bind("inproc://t212")
         b.connect("inproc://t212")
+        step("TensorEncoder().encode(1 MiB int32 array), sent with send_multipart(copy=False)")
         a.send_multipart(impl.TensorEncoder().encode(arr), copy=False)
         frames = b.recv_multipart(copy=False)
         check_equal(len(frames), 2, "frames received")
+        step("TensorDecoder().decode(the frames of recv_multipart(copy=False))")
         got = impl.TensorDecoder().decode(frames)
         _same(got, arr, "round trip", "through zmq")
         if not np.shares_memory(got, np.frombuffer(frames[1].buffer, np.uint8)):
@@ -380,6 +397,7 @@ NAMED = {"unknown ext code 9": "9", "out of band, frame index 5 of 2": "5",
 @test(input="crafted bad messages, then 3,000 random byte strings (seed 212)", timeout=20,
       hang="decode loops on garbage instead of raising DecodeError")
 def garbage_raises_decode_error(impl):
+    step("TensorDecoder(), and the body of TensorEncoder().encode({'a': 9 int16})")
     dec = impl.TensorDecoder()
     rng = random.Random(212)
     body = bytes(impl.TensorEncoder().encode({"a": np.arange(9, dtype="<i2")})[0])
@@ -394,6 +412,7 @@ def garbage_raises_decode_error(impl):
         else:
             cases.append((f"random {n} bytes", [rng.randbytes(n)]))
     for name, frames in cases:
+        step(f"decode of a bad message: {name}")
         try:
             dec.decode(frames)
         except impl.DecodeError as e:
