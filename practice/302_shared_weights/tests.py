@@ -124,6 +124,9 @@ def share_then_attach(impl):
     check_equal([m["name"] for m in metas], list(ws), "the metas' names, in order")
     check_equal([m["dtype"] for m in metas], ["float32", "float32", "float64"], "the metas' dtypes")
     check_equal([list(m["shape"]) for m in metas], [[8, 4], [4, 4], [4]], "the metas' shapes")
+    check_equal([m["nbytes"] for m in metas], [128, 64, 32], "the metas' nbytes (each storage's "
+                "size in bytes, untyped_storage().nbytes(): map_fd maps that many, not the "
+                "element count)")
     check_equal(len(fds), 3, "the number of fds")
     not_shared = [n for n, t in ws.items() if not t.is_shared()]
     if not_shared:
