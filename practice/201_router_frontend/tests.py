@@ -25,7 +25,7 @@ from minivllm.utils.zmq import IpcDir
 
 WAIT_S = scaled(1.5)  # a message between threads on one host not delivered in this long was dropped
 START_S = scaled(10.0)  # a fresh Python process importing zmq is ready well within this
-STOP_S = scaled(5.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
+STOP_S = scaled(3.0)  # an engine told to stop (or idle for 0.5 s) exits well within this
 S = scaled(1.0)  # the trickles below stretch with the judge's time limits (polls.POLL_SLACK_S)
 TRICKLE_AT = (0.3, 0.6, 0.9, 3.0, 3.3)  # x S: three outputs before a 1.2 x S deadline, two after
 FROZEN_TIMEOUTS = (2.0, 0.0005, 0.0)  # timeouts tried on a clock that stands still (polls.py)
