@@ -15,7 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from minivllm.judge.api import Fail, check_equal, scaled, test
+from minivllm.judge.api import Fail, check_equal, scaled, step, test
 from minivllm.judge.properties import for_all, st
 
 FIRST_S = 0.5  # the server's wait before the first token
@@ -48,6 +48,7 @@ SCENARIOS = {
     **{f"long{k}": [(0, event("")), (FIRST_S + (0.5 if k == 0 else 0), event(f"{k}.0 "))]
        + [(LONG_GAP_S, event(f"{k}.{i} ")) for i in range(1, 6)] + [(0, END)] for k in range(4)},
     "cut": [(FIRST_S, event("x")), (0.1, event("y"))],  # closes without [DONE]
+    "finished, no done": [(0, event("x")), (0, event("", "length"))],  # a finish event, no [DONE]
     "error": [(0, event("x")), (0, b'data: {"error": {"message": "engine died"}}\n\n')],
     "stall": [(0, event("x")), (0, None)],  # None: silent, the connection open, until the test ends
     "held": [(0, "hold"), (0, event("h")), (0, END)],  # "hold": until HOLD_OPEN were held at once
@@ -218,8 +219,10 @@ def sse_parser(impl):
             + "data: fïve 🤗\n\n".encode() + b"data: [DONE]\n\n")
     want = ["x", '{"a": 1}', "first line\nsecond line", " two spaces, a tail  ", "fïve 🤗",
             "[DONE]"]
+    step("SSEParser().feed(the whole stream)")
     check_equal(impl.SSEParser().feed(wire), want, "SSEParser().feed(the whole stream): one "
                 "space after 'data:' is dropped, and only that one; the rest is the data as sent")
+    step("SSEParser().feed(one byte), once per byte of the stream")
     p = impl.SSEParser()
     got = []
     for i in range(len(wire)):
@@ -227,6 +230,7 @@ def sse_parser(impl):
     check_equal(got, want, "the events from feeding one byte at a time (keep the bytes of an "
                            "unfinished event until its blank line arrives, and decode an event "
                            "only whole: a character's bytes may come in different feeds)")
+    step(f"SSEParser().feed of {STREAMS} drawn streams, cut into feeds at drawn offsets")
     for_all(_sse_streams(), lambda case: _check_chunks(impl, *case), examples=STREAMS,
             what="(the stream's bytes, the feeds' end offsets, the events' data)")
 
@@ -274,7 +278,12 @@ def _check_chunks(impl, raw, ends, want):
             "event, [DONE]", timeout=40)
 def one_stream(impl):
     with Server() as s:
-        r = impl.stream_request("127.0.0.1", s.port, "steady", 5, clock=GatedClock(s.gate))
+        clock = GatedClock(s.gate)
+        r = impl.stream_request("127.0.0.1", s.port, "steady", 5, clock=clock)
+    if clock.calls == 0:
+        raise Fail("stream_request never called the `clock` it was given: take every time (the "
+                   "send, each token) from `clock`, not from time.perf_counter itself",
+                   got=(r.ttft, r.itls))
     if s.gate_missed:
         raise Fail(f"the client timed no token within {GATE_S:g} s of receiving A while the "
                    "stream stayed open: its read waits for more bytes (resp.read(n) waits for "
@@ -301,55 +310,76 @@ def one_stream(impl):
             "'no tokens': a finish event and [DONE]", timeout=30)
 def bursts_and_split_events(impl):
     with Server() as s:
+        step("stream_request(..., 'bursty', 5)")
         r = impl.stream_request("127.0.0.1", s.port, "bursty", 5)
+        step("stream_request(..., 'no tokens', 5)")
         empty = impl.stream_request("127.0.0.1", s.port, "no tokens", 5)
+    step("the result of 'bursty'")
     check_equal((r.ok, r.error, r.text), (True, "", "one two three four\nfïve"),
                 "(ok, error, text): events are parsed from the bytes, whatever the reads")
     check_equal((r.n_tokens, len(r.itls)), (5, 4),
                 "(n_tokens, len(itls)): one token per event with text, two events in one read "
                 "are two tokens")
     _check_timing_identity(r, "bursty")
+    step("the result of 'no tokens'")
     check_equal((empty.ok, empty.n_tokens, empty.ttft, empty.e2e, empty.itls),
                 (True, 0, None, None, []),
                 "(ok, n_tokens, ttft, e2e, itls) of a stream without tokens: ttft and e2e stay "
                 "None until a token arrives (not 0: summarize would count a TTFT that never was)")
 
 
-@test(input="stream_request's signature; HTTP 500 ('no such scenario', a body in latin-1); 'cut' (2 tokens, then the "
-            "server closes without [DONE]); 'error' (1 token, then data: {\"error\": ...}); "
-            "'stall' (1 token, then silence) with timeout=1; HTTP 503 whose body never ends, "
-            "timeout=1; a port nobody listens on",
-      timeout=30)
+@test(input="stream_request's signature; HTTP 500 ('no such scenario', a body in latin-1); 'cut' "
+            "(2 tokens, then the server closes without [DONE]); 'finished, no done' (a token and "
+            "a finish event, then the server closes); 'error' (1 token, then data: {\"error\": "
+            "...}); 'stall' (1 token, then silence) with timeout=1; HTTP 503 whose body never "
+            "ends, timeout=1; a port nobody listens on", timeout=30)
 def failures(impl):
+    step("inspect.signature(stream_request)")
     check_equal(inspect.signature(impl.stream_request).parameters["timeout"].default, 30.0,
                 "the default timeout of stream_request (the README fixes the signature)")
     with Server() as s:
+        step("stream_request(..., 'no such scenario', 5): HTTP 500, a body in latin-1")
         bad = impl.stream_request("127.0.0.1", s.port, "no such scenario", 5)
+        if bad.ok or "500" not in bad.error:
+            decoding = "Decode" in bad.error
+            raise Fail("an HTTP 500 response: ok False and its status code, 500, in error" + (
+                       " (its body is latin-1, not UTF-8: decode it so that no byte can fail, "
+                       "errors='replace', or leave it out)" if decoding else ""),
+                       expected=(False, "... 500 ..."), got=(bad.ok, bad.error))
+        step("stream_request(..., 'cut', 5): 2 tokens, then the server closes")
         cut = impl.stream_request("127.0.0.1", s.port, "cut", 5)
+        if cut.ok or not cut.error:
+            raise Fail("a stream that ends without data: [DONE]: ok False and an error that "
+                       "says so", got=(cut.ok, cut.error))
+        check_equal(cut.n_tokens, 2, "n_tokens of the cut stream (what did arrive is kept)")
+        step("stream_request(..., 'finished, no done', 5): a token, a finish event, the end")
+        finished = impl.stream_request("127.0.0.1", s.port, "finished, no done", 5)
+        if finished.ok or not finished.error or finished.n_tokens != 1:
+            raise Fail("a stream with a finish event (finish_reason 'length') that ends without "
+                       "data: [DONE]: ok False and an error, the token kept (ok is True only "
+                       "once [DONE] arrives, not at a finish reason)",
+                       expected=(False, "an error", 1),
+                       got=(finished.ok, finished.error, finished.n_tokens))
+        step("stream_request(..., 'error', 5): a token, then data: {\"error\": ...}")
         try:
             err = impl.stream_request("127.0.0.1", s.port, "error", 5)
         except Exception as e:
             raise Fail("stream_request raised on an error event (data: {\"error\": ...}, no "
                        "choices): a server's error mid-stream is ok False and a message in "
                        "error, never an exception", got=repr(e)) from None
+        if err.ok or "engine died" not in err.error or err.n_tokens != 1:
+            raise Fail("an error event after one token: ok False, the server's message in error, "
+                       "the token kept", expected=(False, "...engine died...", 1),
+                       got=(err.ok, err.error, err.n_tokens))
+        step(f"stream_request(..., 'stall', 5, timeout={STALL_TIMEOUT_S:g}): a token, then silence")
         _check_gives_up_on_a_silent_server(impl, s)
+        step(f"stream_request(..., {ENDLESS_ERROR!r}, 5, timeout={STALL_TIMEOUT_S:g}): HTTP 503")
         _check_endless_error_body(impl, s)
-    if bad.ok or "500" not in bad.error:
-        raise Fail("a 500 response whose body is not UTF-8: ok False and the status in error "
-                   "(decode the body so that no byte can fail it, or leave it out)",
-                   got=(bad.ok, bad.error))
-    if cut.ok or not cut.error:
-        raise Fail("a stream that ends without data: [DONE]: ok False and an error that says so",
-                   got=(cut.ok, cut.error))
-    check_equal(cut.n_tokens, 2, "n_tokens of the cut stream (what did arrive is kept)")
-    if err.ok or "engine died" not in err.error or err.n_tokens != 1:
-        raise Fail("an error event after one token: ok False, the server's message in error, "
-                   "the token kept", expected=(False, "...engine died...", 1),
-                   got=(err.ok, err.error, err.n_tokens))
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()  # nobody listens there now
+    step("stream_request(..., a port nobody listens on, 'steady', 5)")
     refused = impl.stream_request("127.0.0.1", port, "steady", 5)
     if refused.ok or not refused.error:
         raise Fail("a refused connection: ok False and the error, not an exception",
@@ -399,25 +429,35 @@ def _result(impl, ttft, itls, n, ok=True):
 @test(input="summarize of 3 results (TTFT 1, 2, 4; ITLs [0.1]*3, [0.5], []) and a failed one, "
             "over 10 s")
 def summarize_math(impl):
+    step("percentile([5.0], 50), percentile([1.0, 2.0, 3.0], 100), percentile([1.0, 2.0, 3.0], 0)")
+    check_equal([impl.percentile([5.0], 50), impl.percentile([1.0, 2.0, 3.0], 100),
+                 impl.percentile([1.0, 2.0, 3.0], 0)], [5.0, 3.0, 1.0],
+                "[percentile([5], 50), percentile([1, 2, 3], 100), percentile([1, 2, 3], 0)] "
+                "(one value; the ends)")
     rs = [_result(impl, 1.0, [0.1, 0.1, 0.1], 4), _result(impl, 2.0, [0.5], 2),
           _result(impl, 4.0, [], 1), _result(impl, 9.0, [9.0], 2, ok=False)]
+    step("summarize(3 successful results and a failed one, 10.0)")
     got = impl.summarize(rs, 10.0)
     want = {"completed": 3, "failed": 1, "output_tok_per_s": 0.7,
             "ttft_p50": 2.0, "ttft_p99": 3.96, "itl_p50": 0.1, "itl_p99": 0.488,
             "e2e_p50": 2.5, "e2e_p99": 3.97}
     if set(got) != set(want):
         raise Fail("summarize()'s keys", expected=sorted(want), got=sorted(got))
-    wrong = {k: (got[k], v) for k, v in want.items() if abs(got[k] - v) > 1e-9}
+    wrong = {k: (got[k], v) for k, v in want.items()
+             if not isinstance(got[k], (int, float)) or abs(got[k] - v) > 1e-9}
     if wrong:
-        raise Fail("summarize(): percentiles interpolate linearly between ranks (numpy's "
-                   "default); ITL percentiles are over every gap of every successful request "
-                   "(not over per-request means); failed requests count nowhere but 'failed'",
+        rules = {"completed": "completed and failed count results by ok; output_tok_per_s is "
+                              "the successful requests' tokens / duration_s",
+                 "ttft": "percentiles interpolate linearly between ranks (numpy's default), "
+                         "over the successful requests only",
+                 "itl": "ITL percentiles are over every gap of every successful request (not "
+                        "over per-request means)"}
+        said = dict.fromkeys(rules["itl" if k.startswith("itl") else "ttft" if "_p" in k[-4:]
+                                   else "completed"] for k in wrong)
+        raise Fail("summarize(): " + "; ".join(said),
                    expected={k: v for k, (_, v) in wrong.items()},
                    got={k: g for k, (g, _) in wrong.items()})
-    check_equal([impl.percentile([5.0], 50), impl.percentile([1.0, 2.0, 3.0], 100),
-                 impl.percentile([1.0, 2.0, 3.0], 0)], [5.0, 3.0, 1.0],
-                "[percentile([5], 50), percentile([1, 2, 3], 100), percentile([1, 2, 3], 0)] "
-                "(one value; the ends)")
+    step("summarize(one failed result, 10.0)")
     none = {k: None for k in want if k.endswith(("_p50", "_p99"))}
     check_equal(impl.summarize(rs[3:], 10.0), {"completed": 0, "failed": 1,
                                                "output_tok_per_s": 0.0, **none},
@@ -469,6 +509,10 @@ def uses_its_concurrency(impl):
     with Server() as s:
         rs = impl.run_load("127.0.0.1", s.port, ["held"] * 4, 1, HOLD_OPEN)
         most = s.most_held  # a stream leaves the hold before it ends: the 4th cannot meet 3
+    if not isinstance(rs, list) or len(rs) != 4:
+        raise Fail("run_load of 4 equal prompts must return 4 results, one per request sent, "
+                   "even where prompts repeat (do not key results by prompt)",
+                   got=len(rs) if hasattr(rs, "__len__") else rs)
     check_equal([(r.ok, r.text) for r in rs], [(True, "h")] * 4, "(ok, text) of each result")
     if len({id(r) for r in rs}) != len(rs):
         raise Fail("run_load of 4 equal prompts returned the same result object more than once: "
@@ -483,10 +527,12 @@ def uses_its_concurrency(impl):
             "concurrency 0")
 def concurrency_one_and_zero(impl):
     with Server() as s:
+        step("run_load(..., ['quick', 'quick'], 1, concurrency=1)")
         rs = impl.run_load("127.0.0.1", s.port, ["quick", "quick"], 1, 1)
         check_equal(([(r.ok, r.text) for r in rs], s.most_open), ([(True, "q")] * 2, 1),
                     "([(ok, text) of each result], the most streams open at once) with "
                     "concurrency 1: one request after the other (1 is a valid concurrency)")
+        step("run_load(..., ['quick'], 1, concurrency=0)")
         try:
             got = impl.run_load("127.0.0.1", s.port, ["quick"], 1, 0)
         except ValueError:
