@@ -224,13 +224,42 @@ def engine_says_ready_first(impl):
 
 
 @test(input="the signature of run_engine; run_engine(0, ..., idle_timeout=0.5) with nothing bound "
-            "at either address", timeout=20)
+            "at either address; then run_engine(0, ..., idle_timeout=0) in this process, its "
+            "DEALER's linger recorded at close", timeout=20)
 def engine_gives_up(impl):
     check_equal(inspect.signature(impl.run_engine).parameters["idle_timeout"].default, 30.0,
                 "the default idle_timeout of run_engine (the README fixes the signature)")
     with IpcDir() as d:
         _finish(_engine_process(impl, 0, d, idle_timeout=0.5),
                 "with no front end and idle_timeout=0.5")
+    with IpcDir() as d, _ClosedLingers() as closed:
+        step("run_engine(0, ..., idle_timeout=0) in this process, nothing bound: the linger "
+             "its DEALER closes with")
+        impl.run_engine(0, d.path("in"), d.path("out"), 0.0)
+    lingers = [ms for kind, ms in closed.calls if kind == zmq.DEALER]
+    if lingers and lingers[0] != 0:
+        raise Fail(f"run_engine closed its DEALER with a linger of {lingers[0]} ms: the README "
+                   "fixes 0 for the DEALER (a READY that nobody will read is dropped at once, "
+                   "and the engine's exit never waits for it)", expected=0, got=lingers[0])
+
+
+class _ClosedLingers:
+    """While active, records (socket type, its linger in ms) of every zmq socket this thread
+    closes (close(linger=...), a LINGER set before, or Context.destroy(linger=...))."""
+
+    def __enter__(self) -> "_ClosedLingers":
+        self.calls, self.real, me = [], zmq.Socket.close, threading.current_thread()
+
+        def close(sock, linger=None):
+            if threading.current_thread() is me and not sock.closed:
+                self.calls.append((sock.socket_type,
+                                   sock.getsockopt(zmq.LINGER) if linger is None else linger))
+            return self.real(sock, linger)
+        zmq.Socket.close = close
+        return self
+
+    def __exit__(self, *exc) -> None:
+        zmq.Socket.close = self.real
 
 
 @test(input="run_engine(1, ...) in a process; the judge's ROUTER, no PULL bound yet; ADD o1, "
