@@ -148,8 +148,9 @@ def test_the_prefill_way_follows_the_environment(built, monkeypatch):
 
 def test_the_engines_greedy_tokens_are_the_same_with_mm_at_prefill(built, monkeypatch):
     """The bundled model in process, the chat prompts in one prefill step (well past
-    PREFILL_ROWS rows): greedy tokens with the prefill through mm are those through the C GEMM
-    (under the near-tie rule, scored on the C run's tokens), and mm did run."""
+    PREFILL_ROWS rows), run with the prefill through the C GEMM and then through mm (the prefix
+    cache emptied between): the same greedy tokens (under the near-tie rule, scored on the C
+    run's tokens), and mm did run."""
     from test_reference import QUESTIONS
     from tiny_model import assert_greedy_match
 
@@ -161,23 +162,25 @@ def test_the_engines_greedy_tokens_are_the_same_with_mm_at_prefill(built, monkey
     monkeypatch.setattr(custom_ops, "q_linear_mm",
                         lambda x, w, **kw: calls.append(x.shape[0]) or real(x, w, **kw))
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    runs = {}
+    tokens = {}
     previous = op_choice.table()
     try:
-        for way in ("c", "mm"):
-            monkeypatch.setenv(op_selection.PREFILL_ENV, way)
-            with LLM() as llm:
-                prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": q}])) for q in QUESTIONS]
+        with LLM() as llm:
+            core = llm.engine_core.engine_core
+            prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}])) for q in QUESTIONS]
+            for way in ("c", "mm"):
+                op_choice.set_table({**op_choice.table(), "q_linear/prefill": way})
+                core.reset_prefix_cache()
                 outs = llm.generate(prompts, params, use_tqdm=False)
-                runner = llm.engine_core.engine_core.model_executor.driver_worker.model_runner
-                runs[way] = prompts, [o.outputs[0].token_ids for o in outs], runner.model
+                tokens[way] = [o.outputs[0].token_ids for o in outs]
+                assert bool(calls) == (way == "mm")
+            model = core.model_executor.driver_worker.model_runner.model
+            assert sum(map(len, prompts)) >= op_choice.PREFILL_ROWS
+            assert min(calls) >= op_choice.PREFILL_ROWS
+            for q, prompt, ref, ours in zip(QUESTIONS, prompts, tokens["c"], tokens["mm"]):
+                if ref != ours:
+                    logits = model.score([*prompt, *ref])[len(prompt) - 1:-1]
+                    assert_greedy_match(ref, ours, logits, 1e-3, repr(q))
     finally:
         op_choice.set_table(previous)
-    assert sum(len(p) for p in runs["c"][0]) >= op_choice.PREFILL_ROWS
-    assert calls and min(calls) >= op_choice.PREFILL_ROWS
-    prompts, c_tokens, model = runs["c"]
-    for q, prompt, ref, ours in zip(QUESTIONS, prompts, c_tokens, runs["mm"][1]):
-        if ref != ours:
-            logits = model.score([*prompt, *ref])[len(prompt) - 1:-1]
-            assert_greedy_match(ref, ours, logits, 1e-3, repr(q))
