@@ -340,9 +340,10 @@ SCENARIOS = [(1, 2, 3, 2), (2, 2, 3, 2), (3, 1, 2, 1)]
 def interleavings(impl):
     explored = []
     for n_readers, n_chunks, n_msgs, bound in SCENARIOS:
-        result = _scenario(impl, n_readers, n_chunks, MESSAGES[:n_msgs], bound)
         where = (f"{n_readers} reader(s), {n_chunks} chunk(s), messages {MESSAGES[:n_msgs]}, "
                  f"up to {bound} preemption(s)")
+        step(f"every schedule of try_write and try_read threads: {where}")
+        result = _scenario(impl, n_readers, n_chunks, MESSAGES[:n_msgs], bound)
         if result.failure:
             raise Fail(f"schedule {result.runs} of the search breaks the ring: "
                        f"{result.failure.failure}", input=where,
