@@ -17,7 +17,7 @@ import msgspec
 import zmq
 
 from minivllm.judge.api import EngineBench, Fail, check_equal, kill_if_alive, scaled, step, test
-from minivllm.judge.polls import PollLog, check_polls_time_left
+from minivllm.judge.polls import PollLog, check_polls_time_left, first_poll
 from minivllm.judge.procfs import fd_count
 from minivllm.utils.zmq import IpcDir
 
@@ -129,11 +129,24 @@ def ready_and_timeout(impl):
                 step("wait_ready(timeout) with engine 1 missing, on a clock that stands still")
                 check_polls_time_left(b.client.wait_ready, "wait_ready(timeout) with engine 1 "
                                       "missing", WAIT_S)
+                _check_waits_to_deadline(b.client.wait_ready)
                 step("shutdown() with engine 1 missing")
                 _check_shutdown_skips_a_missing_engine(b)
                 return
     raise Fail(f"in {TRICKLE_ROUNDS} rounds the judge called wait_ready too late to see the "
                "READYs trickle in (the machine is too busy to tell): run the judge again")
+
+
+def _check_waits_to_deadline(wait_ready) -> None:
+    """wait_ready(0.5) on a clock that stands still, engine 1 missing: the whole 0.5 s is left,
+    so its first poll waits for it; raising without that wait gives up before the deadline."""
+    polled, ms = first_poll(wait_ready, 0.5, WAIT_S)
+    if not polled or ms is None or ms < 499:
+        raise Fail("wait_ready(0.5) with engine 1 missing, on a clock that stood still (the whole "
+                   "0.5 s left), " + (f"polled for {ms} ms" if polled else "raised without "
+                   "waiting") + ": it waits until every engine sent READY or its deadline "
+                   "passes, polling with the time left, not giving up before the deadline",
+                   expected="poll(500)", got=f"poll({ms})" if polled else "no poll")
 
 
 def _check_identity_bounds(impl):
