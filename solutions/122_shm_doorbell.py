@@ -19,7 +19,7 @@ import select
 from multiprocessing import shared_memory
 
 HEADER = 4  # bytes of the little-endian payload length at the start of each slot
-READ_MAX = 4096  # doorbell or ack bytes taken in one os.read; any count works
+READ_MAX = 4096  # doorbell or ack bytes taken in one os.read; any count works  # pragma: no mutate
 
 
 def _wait_readable(fd: int, timeout: float) -> bool:

