@@ -21,7 +21,7 @@ import zmq
 
 READY, ADD, ABORT, SHUTDOWN = b"READY", b"ADD", b"ABORT", b"SHUTDOWN"
 BLOCK_SIZE = 4  # tokens per KV block
-POLL_MS = 20  # how often the IO threads look at their stop flag
+POLL_MS = 20  # how often the IO threads look at their stop flag  # pragma: no mutate
 
 
 class EngineCoreRequest(msgspec.Struct):  # pragma: no mutate block
