@@ -10,7 +10,8 @@
 # the order of the servers (reversed every other round), so a drift in the machine's load falls on
 # all of them. INPUT_LEN (64), OUTPUT_LEN (128), PROMPTS_C32 (64) and PROMPTS_C1 (8) may be set
 # (a short trial: smaller); GOODPUT (e.g. "ttft:2000 tpot:150") is passed to
-# every run's --goodput; TARGET_ITL_MS adds a server minivllm-itl with --target-itl-ms.
+# every run's --goodput; BUDGET (e.g. 128) adds a server minivllm-bBUDGET with that
+# --max-num-batched-tokens; TARGET_ITL_MS adds a server minivllm-itl with --target-itl-ms.
 set -eu
 OUT=$1; ROUNDS=${2:-3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -31,6 +32,9 @@ else
   for type in ${LLAMA_FILES:-Q8_0 Q4_1 F32}; do
     SERVERS+=("llama-$type|8080|$LS -m $GGUF_DIR/SmolLM2-135M-Instruct.$type.gguf")
   done
+fi
+if [ -n "${BUDGET:-}" ]; then  # vLLM's --max-num-batched-tokens: prompt tokens a step may carry
+  SERVERS+=("minivllm-b$BUDGET|8000|$MV --kv-cache-memory-bytes 720M --max-num-batched-tokens $BUDGET")
 fi
 if [ -n "${TARGET_ITL_MS:-}" ]; then  # each step's prompt tokens sized to keep ITL in target
   SERVERS+=("minivllm-itl|8000|$MV --kv-cache-memory-bytes 720M --target-itl-ms $TARGET_ITL_MS")

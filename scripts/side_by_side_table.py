@@ -91,8 +91,9 @@ def main(out: Path) -> None:
     runs = load(out)
     labels = sorted({label for label, _ in runs}, key=lambda lb: (lb.startswith("llama"), lb))
     summary(runs, labels)
-    print()
-    goals(runs, labels)
+    for mine in (lb for lb in labels if lb.startswith("minivllm")):  # each minivllm server
+        print()
+        goals(runs, labels, mine)
     print()
     full_table(runs)
 
