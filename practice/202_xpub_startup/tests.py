@@ -212,12 +212,13 @@ DRAIN_MESSAGES, DRAIN_BYTES = 300, 16384  # far more than the socket buffers and
 
 
 def _close_when_reached(pub) -> tuple[threading.Thread, threading.Event]:
-    """pub.close() in a thread; the event is set once it reaches zmq's Socket.close (the linger
-    starts there), so that the judge reads only after the learner's close() has begun."""
+    """pub.close() in a thread; the event is set once zmq's Socket.close has returned (the
+    socket is closed and its linger runs), so that the judge reads only after the learner's
+    socket is closed: a reader let in earlier could drain the queue before a LINGER 0 close."""
     reached = threading.Event()
 
     def profile(frame, event, arg):
-        if (event == "call" and frame.f_code.co_name == "close"
+        if (event == "return" and frame.f_code.co_name == "close"
                 and frame.f_globals.get("__name__") == "zmq.sugar.socket"):
             reached.set()
 
