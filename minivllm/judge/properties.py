@@ -13,7 +13,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
-from minivllm.judge.api import _MISSING, Fail
+from minivllm.judge.api import Fail
 
 __all__ = ["for_all", "st"]
 
@@ -37,10 +37,9 @@ def for_all(strategy: st.SearchStrategy, check: Callable[[Any], None], *, exampl
     try:
         run()
     except Fail as e:
-        shrunk = Fail(e.message, expected=_raw(e.expected), got=_raw(e.got),
-                      input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)",
-                      detail=e.detail)
-        shrunk.expected, shrunk.got, shrunk.differs = e.expected, e.got, e.differs
+        shrunk = Fail(e.message, detail=e.detail,
+                      input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)")
+        shrunk.expected, shrunk.got, shrunk.differs = e.expected, e.got, e.differs  # shown
         raise shrunk from None
     except Exception as e:  # the learner's code raised: show the example that makes it
         raise Fail(f"your code raised {type(e).__name__}: {e}", expected="no exception",
@@ -48,13 +47,3 @@ def for_all(strategy: st.SearchStrategy, check: Callable[[Any], None], *, exampl
                    input=f"{what} = {tried[0]!r} (the smallest failing one hypothesis found)"
                    ) from None
 
-
-class _Shown(str):
-    """A value Fail already turned into text: shown as it is, not quoted again."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _raw(text: str | None) -> Any:
-    return _MISSING if text is None else _Shown(text)
