@@ -65,6 +65,12 @@ def _rank_main(impl, rank, world_size, path, job, results):
     torch.set_num_threads(1)
     try:
         impl.init_tp(rank, world_size, path)
+        if dist.is_initialized():
+            # Every rank finishes joining before any runs the job: a rank whose job makes no
+            # collective (a wrong answer) would otherwise exit while gloo still connects the
+            # others, and they would fail with "Connection closed by peer" instead of the
+            # wrong output that is the real cause.
+            dist.barrier()
         counted = count_collectives()
         out = job(impl, rank, world_size, tensors())
         counts = dict(counted)

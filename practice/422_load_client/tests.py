@@ -62,7 +62,7 @@ NO_SCENARIO_BODY = b'{"error": "no such scenario, caf\xe9"}'
 ENDLESS_ERROR = "endless error body"
 
 HOLD_OPEN = 3  # the concurrency of the 'held' check
-HOLD_S = scaled(3.0)  # a stream held longer than this waits for streams that never come
+HOLD_S = scaled(1.0)  # a stream held longer than this waits for streams that never come
 STALL_TIMEOUT_S = 1.0  # stream_request's timeout in the stalled-server check
 
 
