@@ -174,6 +174,12 @@ def _check_total_timeout(b, timeout) -> bool:
         got = b.client.wait_ready(timeout)
     except TimeoutError as e:
         end = time.monotonic()
+        if end < start + timeout - 0.05:  # a correct wait raises at its deadline, not before
+            raise Fail(f"wait_ready({timeout:g}) raised {end - start:.2f} s after it was called, "
+                       "before its deadline, while READYs still trickled in: it waits until every "
+                       "engine sent READY or its deadline passes, not giving up before the "
+                       "deadline", expected=f"TimeoutError at {timeout:g} s",
+                       got=f"TimeoutError at {end - start:.2f} s: {e}")
         if "[1]" not in str(e):
             raise Fail("the TimeoutError must list the ranks that did not send READY (engine 1 "
                        "of 0-3; the others did)", expected="... [1] ...", got=str(e))

@@ -79,6 +79,18 @@ def _where(thread, impl) -> str:
     return f" (at {mine[-1].name}() line {mine[-1].lineno}: {mine[-1].line})" if mine else ""
 
 
+def _dying(pid: int) -> bool:
+    """Whether pid is on its way out: a SIGKILL pending, or not asleep (a hung worker sleeps in
+    its call; one that was killed runs its exit, or is a zombie, until it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return bool(pending & 1 << (signal.SIGKILL - 1)) or fields["State"].split()[0] != "S"
+
+
 class _RecordedWaits:
     """While active: the timeouts one thread (the caller's, or the one watch() names) passes to
     a queue's get or to multiprocessing.connection.wait (the slices a call waits in), and those
@@ -120,6 +132,8 @@ class _RecordedWaits:
                 self.joins.append(timeout)
                 return real_join(proc, timeout)
             real_join(proc, scaled(1.0))  # a join without a limit after SIGKILL is right
+            if proc.exitcode is None and _dying(proc.pid):  # killed, and slow to go when busy
+                real_join(proc, scaled(10.0))
             if proc.exitcode is None:
                 who = f"worker {self.procs.index(proc)}" if proc in self.procs else proc.name
                 self.joins.append(float("inf"))
