@@ -73,7 +73,7 @@ def watch() -> None:
         title = canvas.figure.get_suptitle() or next(
             (ax.get_title() for ax in canvas.figure.axes if ax.get_title()), "untitled")
         for problem in text_overlaps(canvas.figure):
-            print(f"{ILLEGIBLE} ({title[:60]}): {problem}")
+            print(f"{ILLEGIBLE} ({title.replace(chr(10), ' / ')[:90]}): {problem}")
         return original(canvas, *args, **kwargs)
 
     FigureCanvasBase.print_figure = checked
