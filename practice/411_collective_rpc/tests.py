@@ -23,6 +23,8 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
+
 from minivllm.judge.api import Fail, check_equal, kill_if_alive, scaled, step, test
 
 WAIT_S = scaled(20.0)  # a reply or a process start that takes this long is lost
@@ -80,15 +82,12 @@ def _where(thread, impl) -> str:
 
 
 def _dying(pid: int) -> bool:
-    """Whether pid is on its way out: a SIGKILL pending, or not asleep (a hung worker sleeps in
-    its call; one that was killed runs its exit, or is a zombie, until it is reaped)."""
+    """Whether pid is on its way out, not hung: a hung worker sleeps in its call; a killed one
+    is woken to run its exit, or is a zombie, until it is reaped."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_SLEEPING
+    except psutil.NoSuchProcess:
         return True
-    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
-    return bool(pending & 1 << (signal.SIGKILL - 1)) or fields["State"].split()[0] != "S"
 
 
 class _RecordedWaits:
