@@ -30,13 +30,18 @@ def drawn_texts(fig) -> list[Text]:
     return [t for t in texts if t.get_visible() and t.get_text().strip()]
 
 
+def one_line(text: str) -> str:
+    """A text of several lines on one, as a problem line names it."""
+    return text.replace("\n", " / ")
+
+
 def labels(fig) -> list[tuple[str, object]]:
     renderer = fig.canvas.get_renderer()
     found = []
     for t in drawn_texts(fig):
         box = t.get_window_extent(renderer)
         if box.width > 0 and box.height > 0:
-            found.append((t.get_text().replace("\n", " / ")[:50], box))
+            found.append((one_line(t.get_text())[:50], box))
     return found
 
 
@@ -73,7 +78,7 @@ def watch() -> None:
         title = canvas.figure.get_suptitle() or next(
             (ax.get_title() for ax in canvas.figure.axes if ax.get_title()), "untitled")
         for problem in text_overlaps(canvas.figure):
-            print(f"{ILLEGIBLE} ({title.replace(chr(10), ' / ')[:90]}): {problem}")
+            print(f"{ILLEGIBLE} ({one_line(title)[:90]}): {problem}")
         return original(canvas, *args, **kwargs)
 
     FigureCanvasBase.print_figure = checked
