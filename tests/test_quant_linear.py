@@ -263,13 +263,3 @@ def test_the_decode_step_in_c_gives_the_op_by_op_hidden_states_and_cache(runs, c
             model.decode_step = step
     assert torch.equal(hidden, reference), "the C loop's hidden states differ from the ops'"
     assert all(torch.equal(a, b) for a, b in zip(written, caches)), "the caches differ"
-
-
-def test_the_decode_step_leaves_prefills_and_ops_mode_to_the_ops(runs, c_ops, monkeypatch):
-    model = runs[None][2]
-    ids, positions, caches, meta = decode_batch(model, 2)
-    x = model.embed_tokens(ids).contiguous()
-    meta.num_decodes = 1  # the second token is a prefill's
-    assert model.decode_step.run(x, positions, caches, meta) is None
-    monkeypatch.setenv(decode_step.ENV, "ops")
-    assert decode_step.DecodeStep.for_model(model) is None

@@ -1,4 +1,4 @@
-"""A decode step's decoder layers in one C call (csrc/decode_step.c), where they can run so.
+"""A step's decoder layers in one C call (csrc/decode_step.c), where they can run so.
 
 At batch 1 the forward is about 280 kernel calls of a few microseconds each, and the Python around
 each call (dispatch, an output tensor, argument conversion) costs about as much again, so half
@@ -6,15 +6,20 @@ of a step was not arithmetic. On a GPU vLLM removes this launch overhead by repl
 as a CUDA graph (capture_model, vllm/v1/worker/gpu_model_runner.py:6417); its CPU backend has no
 graphs (use_cuda_graph = False, vllm/v1/worker/cpu_model_runner.py:34) and compiles the model
 with torch.compile instead (warming_up_model, :84). minivllm's equivalent is a loop in C over
-the same kernels, in the same order, on the same buffers: the numbers of the C ops run one by
-one, to the bit.
+the same kernels, in the same order, on the same buffers.
+
+The loop knows one attention, decode attention (paged_attention.c). A step's prompt chunks run
+in it too: each prompt token is a row with its chunk's block table and its own length, its
+position + 1, so it attends to the keys up to itself, which is the causal mask (row_block_tables).
+A step of decodes only gives op by op's numbers to the bit; with prompt tokens their attention
+adds in another order than SDPA's, the same numbers to rounding.
 
 It runs a step when everything the loop needs is there: one rank (no all-reduce between the
 ops), float32 activations (the KV cache float32, float16 or bfloat16), every layer matrix in a
-GGUF's blocks (quant_linear.py), the C ops built, a step of decodes only, and op_choice saying C
-for q_linear at this many rows (the matmuls are most of the step). The small ops then run in C
-even where op_selection.py measured torch's version a little faster: that measurement includes
-the Python call each op pays, which the loop does not.
+GGUF's blocks (quant_linear.py), the C ops built, prompt contexts up to MAX_PROMPT_CONTEXT, and
+op_choice saying C for q_linear at this many rows (the matmuls are most of the step). The small
+ops then run in C even where op_selection.py measured torch's version a little faster: that
+measurement includes the Python call each op pays, which the loop does not.
 Otherwise, and with MINIVLLM_DECODE_STEP=ops, llama.py runs the ops one by one.
 """
 
@@ -32,6 +37,11 @@ from minivllm.model.kv_layout import key_blocks, value_blocks
 from minivllm.model.quant_linear import QuantLinear
 
 ENV = "MINIVLLM_DECODE_STEP"  # "c" (the default) or "ops": the op-by-op forward
+# The longest prompt context the loop takes. A prompt token attends as a decode does, reading its
+# whole context once per token, where a chunk's SDPA reads it once per chunk. Measured on the
+# bundled model (scripts/mixed_step_bench.py, 2-vCPU Zen 4), op by op took 1.05-1.23x the loop's
+# time up to 512-token contexts, 0.99-1.11x at 1024, 0.97x at 2048 and 0.81-0.88x at 4096-8192.
+MAX_PROMPT_CONTEXT = 1024
 
 
 class DecodeStep:
@@ -62,15 +72,15 @@ class DecodeStep:
         """The final norm's output (n, hidden), x updated as the residual stream; None where
         this step must run op by op (nothing was changed then)."""
         n, kv_type = x.shape[0], custom_ops.kv_type(kv_caches[0])
-        if meta.num_decodes != n or meta.prefills or n == 0 or kv_type is None:
+        if n == 0 or kv_type is None or not op_choice.runs_in_c("q_linear", n):
             return None
-        if not op_choice.runs_in_c("q_linear", n):
+        if any(chunk.context_len > MAX_PROMPT_CONTEXT for chunk in meta.prefills):
             return None
         m, c = self.model, self.model.config
         keys = key_blocks(kv_caches[0], c.head_dim)
-        tables = meta.decode_block_tables.to(torch.int64).contiguous()
-        ints = [t.to(torch.int64).contiguous()
-                for t in (positions, meta.slot_mapping, meta.decode_seq_lens)]
+        tables = row_block_tables(meta, n)
+        positions = positions.to(torch.int64).contiguous()
+        ints = [positions, meta.slot_mapping.to(torch.int64).contiguous(), positions + 1]
         dims = (ctypes.c_int64 * 11)(len(m.layers), n, c.hidden_size, m.num_heads,
                                      m.num_kv_heads, c.head_dim, c.intermediate_size,
                                      keys.shape[1], keys.shape[3], tables.shape[1], kv_type)
@@ -111,3 +121,18 @@ class DecodeStep:
             pointers = (ctypes.c_void_p * len(buffers))(*(b.data_ptr() for b in buffers))
             self._scratch = (n, buffers, pointers)
         return self._scratch[2]
+
+
+def row_block_tables(meta: AttentionMetadata, n: int) -> torch.Tensor:
+    """(n, width) int64, each row's block table. A decode's row is its sequence's; every token
+    of a prompt chunk gets its chunk's table and, with its own length (its position + 1),
+    attends as a decode would: to the keys up to itself, which is the causal mask."""
+    if not meta.prefills:
+        return meta.decode_block_tables.to(torch.int64).contiguous()
+    decodes = meta.decode_block_tables if meta.num_decodes else torch.zeros(0, 0, dtype=torch.int64)
+    width = max([decodes.shape[1]] + [len(chunk.block_ids) for chunk in meta.prefills])
+    tables = torch.zeros(n, width, dtype=torch.int64)
+    tables[:meta.num_decodes, :decodes.shape[1]] = decodes
+    for chunk in meta.prefills:
+        tables[chunk.start:chunk.end, :len(chunk.block_ids)] = chunk.block_ids
+    return tables

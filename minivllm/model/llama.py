@@ -139,7 +139,7 @@ class LlamaModel:
         c = self.config
         n, eps = input_ids.shape[0], c.rms_norm_eps
         x = self.embed_tokens(input_ids).contiguous()  # the residual stream
-        if self.decode_step is not None:  # decodes only: every layer in one C call
+        if self.decode_step is not None:  # every layer in one C call, where it can
             h = self.decode_step.run(x, positions, kv_caches, meta)
             if h is not None:
                 return h

@@ -1,6 +1,8 @@
-// A whole decode step's decoder layers in one call: the ops llama.py's forward runs one by one
+// A whole step's decoder layers in one call: the ops llama.py's forward runs one by one
 // (RMSNorm, the four block matmuls, RoPE and the cache write, decode attention, SiLU-and-mul),
-// in the same order on the same buffers, so the numbers are the same to the bit. What goes is
+// in the same order on the same buffers. A prompt token is a row like a decode's, with its own
+// length (model/decode_step.py row_block_tables), so the cache write of all rows comes before
+// any row's attention, and each row attends to the keys up to itself. What goes is
 // the Python between them: at batch 1 a step is ~300 small kernel calls, and each call's
 // dispatch, tensor allocation and argument conversion cost about as much as the kernels.
 // vLLM removes the same per-op overhead on GPUs by capturing the decode step as a CUDA graph
