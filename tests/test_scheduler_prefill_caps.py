@@ -10,22 +10,27 @@ from test_scheduler import add, make, step
 from tiny_model import assert_greedy_match
 
 from minivllm import LLM
+from minivllm.engine import scheduler
 from minivllm.engine.step_cost import StepCostModel
+from minivllm.model.custom_ops import gemm_row_multiple
 from minivllm.sampling_params import SamplingParams
 
 FIXED, PER_DECODE, PER_TOKEN = 0.010, 0.001, 0.0005  # seconds: a step's known cost
 
 
 def known_costs(model: StepCostModel, steps: int = 40) -> None:
+    """Steps whose rows cost PER_TOKEN each, padding included (model.row_multiple)."""
     rng = np.random.default_rng(0)
     for _ in range(steps):
         d, p = int(rng.integers(0, 33)), int(rng.integers(0, 2)) * int(rng.integers(1, 513))
-        model.observe(d, p, FIXED + PER_DECODE * d + PER_TOKEN * p)
+        model.observe(d, p, FIXED + PER_DECODE * d + PER_TOKEN * (model.padded(d + p) - d))
 
 
-def untimed(s):
-    """The scheduler with its clock off: the cost model holds the known costs only."""
+def untimed(s, row_multiple: int = 1):
+    """The scheduler with its clock off: the cost model holds the known costs only, for a GEMM
+    that pads rows to row_multiple (this machine's would make the tests depend on its CPU)."""
     s._time_last_step = lambda: None
+    s.step_cost = StepCostModel(row_multiple)
     known_costs(s.step_cost)
     return s
 
@@ -40,6 +45,33 @@ def test_the_fit_recovers_known_costs_and_sizes_the_budget():
     # 30 ms - 10 fixed - 4 decodes leave 16 ms: 32 prompt tokens
     assert model.prefill_budget(4, 0.030) == 32
     assert model.prefill_budget(32, 0.030) == 0  # the decodes alone exceed the target
+
+
+def test_the_budget_fills_the_gemms_padded_rows():
+    """A GEMM of 16 rows at a time: 4 decodes and the 32 rows 16 ms pay for make 36 rows, 32
+    when whole; 20 decodes leave no whole vector of rows in the target, but 12 padded ones."""
+    model = StepCostModel(16)
+    known_costs(model)
+    assert model.coef == pytest.approx([FIXED, PER_DECODE, PER_TOKEN], rel=1e-3)
+    assert model.predict(17, 0) == pytest.approx(model.predict(17, 15))  # one padded vector
+    assert model.prefill_budget(4, 0.030) == 28
+    assert model.prefill_budget(20, 0.030) == 0
+    assert model.free_rows(20) == 12 and model.free_rows(32) == 0
+
+
+def test_below_the_target_the_prompts_take_the_padding_else_a_block():
+    s = untimed(make(max_num_batched_tokens=512, target_itl_ms=5.0, block_size=4), 16)
+    for rid in "abc":
+        add(s, rid, 3)
+    step(s)
+    add(s, "d", 40)
+    so, _ = step(s)
+    assert so.num_scheduled_tokens.tolist() == [1, 1, 1, 13]  # 16 rows: the padding, free
+
+
+def test_row_multiple_asks_the_gemm_only_under_a_target():
+    assert scheduler.row_multiple(make().config) == 1
+    assert scheduler.row_multiple(make(target_itl_ms=50.0).config) == gemm_row_multiple()
 
 
 def test_long_prefill_threshold_caps_each_chunk_only_when_another_request_waits():

@@ -12,8 +12,9 @@ Two caps shorten prompt chunks, so that a step carrying prompts does not stall t
 decode in it: long_prefill_token_threshold (vLLM's: one request's chunk, only when another
 request is eligible) and target_itl_ms (minivllm's: every prompt token of the step together,
 sized from the measured cost of past steps, step_cost.py, so the step's predicted time stays
-within the target; never below one KV block a step, so prompts always progress). A target below
-what the running decodes alone take cannot be met: prompts then move one block a step, first
+within the target, its rows filling the GEMM's padding; never below that padding, or one KV
+block where the decodes leave none, so prompts always progress). A target below
+what the running decodes alone take cannot be met: prompts then move that much a step, first
 tokens wait and fewer streams decode a step, so throughput falls (scripts/side_by_side_steps.py
 measures the trade against a smaller max_num_batched_tokens).
 """
@@ -45,7 +46,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []
         self.num_preemptions = 0
-        self.step_cost = StepCostModel()
+        self.step_cost = StepCostModel(row_multiple(config))
         self._step_start: float | None = None  # the last step's schedule(), if still timed
         self._step_shape = (0, 0)  # its (decodes, prefill tokens)
         self._prefill_left = 0  # prompt tokens this step may still take
@@ -91,7 +92,7 @@ class Scheduler:
 
     def _prefill_cap(self, budget: int) -> int:
         """Prompt tokens this step may carry: the budget, or under target_itl_ms what the
-        running decodes leave of the target (at least one block)."""
+        running decodes leave of the target (at least the padding they leave, else a block)."""
         target = self.config.target_itl_ms
         if target is None:
             return budget
@@ -99,7 +100,8 @@ class Scheduler:
         if decodes == 0:  # no stream is waiting on this step
             return budget
         cap = self.step_cost.prefill_budget(decodes, target / 1e3)
-        return budget if cap is None else max(cap, self.config.block_size)
+        floor = self.step_cost.free_rows(decodes) or self.config.block_size
+        return budget if cap is None else max(cap, floor)
 
     def _chunk(self, remaining: int, budget: int, eligible: int) -> int:
         """The tokens a request with `remaining` uncomputed tokens gets; a decode is never
@@ -299,3 +301,11 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.append(request.request_id)
         del self.requests[request.request_id]
+
+
+def row_multiple(config: SchedulerConfig) -> int:
+    """The rows the model's GEMM pads a step to, where target_itl_ms needs it (else 1)."""
+    if config.target_itl_ms is None:
+        return 1
+    from minivllm.model.custom_ops import gemm_row_multiple  # builds or loads the C ops
+    return gemm_row_multiple()

@@ -103,6 +103,7 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "q_linear": "ppp" + "iiii",
     "q_repack": "pp" + "iii",
     "q_takes_packed": "i",
+    "q_gemm_rows": "",
     "q_dequant": "pp" + "iii",
     "q_lane_order": "pp" + "iii",
     "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",

@@ -202,6 +202,13 @@ def skinny_linear_c(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     return out if rc == 0 else None
 
 
+def gemm_row_multiple() -> int:
+    """Rows the C GEMM computes as one (a vector of rows: 16 with AVX-512, 8 with AVX2): a
+    matmul costs about the same for any row count up to the next multiple. 1 without the C ops."""
+    lib = csrc_build.load()
+    return 1 if lib is None else lib.q_gemm_rows()
+
+
 def q_linear(x: torch.Tensor, w) -> torch.Tensor:
     """x (M, in) float32 @ W^T for W a quant_linear.QuantWeight (the GGUF's blocks) -> (M, out)."""
     way = op_choice.choice("q_linear", x.shape[0])

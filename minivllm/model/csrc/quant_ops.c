@@ -193,6 +193,11 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
     return failed ? -2 : 0;
 }
 
+// The rows the GEMM computes as one: a batch's rows are padded to a multiple of this (one
+// vector of rows), so a step's matmuls cost the same from 17 to 32 rows. The scheduler fills the
+// padding with prompt tokens (engine/step_cost.py).
+int q_gemm_rows(void) { return VW; }
+
 // Whether this build's kernels take packed rows of qtype: the vector builds, all three types.
 int q_takes_packed(int64_t qtype) {
     return GEMV_ROWS > 0 && block_bytes(qtype) != 0;
