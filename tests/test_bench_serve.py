@@ -78,3 +78,14 @@ def test_percentiles_and_goodput_follow_vllms_definitions():
 def test_goodput_refuses_what_vllm_refuses(pairs, says):
     with pytest.raises(ValueError, match=says):
         parse_goodput(pairs)
+
+
+def test_the_in_process_side_takes_the_servers_flags(tiny_dir):
+    """serve_vs_inproc compares like with like: --server-args reach the in-process engine too."""
+    args = serve.make_parser().parse_args(["--kv-cache-dtype", "float16", "--server-args",
+                                           "--target-itl-ms 105 --max-num-batched-tokens 64"])
+    server_args, config = serve.local_configs(args, str(tiny_dir))
+    assert server_args == ["--kv-cache-dtype", "float16", "--target-itl-ms", "105",
+                           "--max-num-batched-tokens", "64"]
+    assert (config.model, config.target_itl_ms) == (str(tiny_dir), 105.0)
+    assert config.max_num_batched_tokens == 64 and str(config.kv_cache_dtype).endswith("float16")

@@ -242,14 +242,20 @@ def run_remote(args, prompts_for, warmups) -> list[dict]:
                       args.server_pid, args.percentiles, args.slos) for c in args.max_concurrency]
 
 
+def local_configs(args, model: str) -> tuple[list[str], object]:
+    """The server's flags, and the in-process engine's EngineConfig made from the same flags
+    (--server-args included), so that both sides schedule alike."""
+    from minivllm.entrypoints.serve import engine_config, make_parser
+    flags = ["--kv-cache-dtype", args.kv_cache_dtype, *args.server_args.split()]
+    config = engine_config(make_parser().parse_args([model, *flags]), headless=False)
+    return [*([args.model] if args.model else []), *flags], config
+
+
 def run_local(args, model: str, prompts_for, warmups) -> tuple[list[dict], dict]:
     """`minivllm serve` started here, then the same prompts on the in-process engine."""
-    from minivllm.engine.config import EngineConfig
-    config = EngineConfig(model=model, kv_cache_dtype=args.kv_cache_dtype)
+    server_args, config = local_configs(args, model)
     rows, ratios = [], {}
     inproc_engine = InprocEngine(config, max(args.max_concurrency))
-    server_args = [*([args.model] if args.model else []), "--kv-cache-dtype",
-                   args.kv_cache_dtype, *args.server_args.split()]
     with contextlib.closing(inproc_engine), ServerProcess(server_args) as server:
         endpoint = Endpoint("127.0.0.1", server.port)
         for c in args.max_concurrency:
