@@ -178,6 +178,9 @@ CLAIMS: dict[str, list[tuple[str, str]]] = {
          "batch 32 does 32 times more on the same bytes"),
         (r"on this machine: .* memory-bound below [0-9.]+ FLOPs per byte",
          "the machine's balance is measured in this run"),
+        (r"the C GEMM pads rows to a multiple of \d+; gate_up at 16, 17, 32, 33 rows: "
+         r"([0-9.]+, ){3}[0-9.]+ ms\n17 rows cost [0-9.]+x of 32 rows' time, 33 rows [0-9.]+x"
+         r"|the C ops are not built here", "a matmul's time is measured at 16, 17, 32, 33 rows"),
         (r"budget 512: .*ITL p50 .* p99 .*\nbudget 128: .*ITL p50 .* p99 ",
          "both step budgets are measured, 512 first"),
         (r"on this machine at \d+ streams the (512|128)-token budget had the lower ITL p99 "
