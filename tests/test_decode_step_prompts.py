@@ -56,24 +56,31 @@ def mixed_batch(model, decode_lens=(9, 40, 23), chunks=((20, 20), (7, 37))):
     return ids, positions, caches, meta
 
 
-@torch.inference_mode()
-def test_prompt_chunks_in_the_c_step_give_op_by_ops_hidden_states_and_cache(model):
-    ids, positions, caches, meta = mixed_batch(model)
+def both_ways(model, ids, positions, caches, meta):
+    """The step in the C loop, then op by op from the same caches: (the C loop's hidden states,
+    None where it declined the step; its caches; op by op's hidden states; its caches)."""
     before = [c.clone() for c in caches]
     step = model.decode_step
-    hidden = step.run(model.embed_tokens(ids).contiguous(), positions, caches, meta)
+    with torch.inference_mode():
+        hidden = step.run(model.embed_tokens(ids).contiguous(), positions, caches, meta)
+        written = [c.clone() for c in caches]
+        for cache, old in zip(caches, before):
+            cache.copy_(old)
+        model.decode_step = None
+        try:
+            reference = model.forward(ids, positions, caches, meta)
+        finally:
+            model.decode_step = step
+    return hidden, written, reference, caches
+
+
+def test_prompt_chunks_in_the_c_step_give_op_by_ops_hidden_states_and_cache(model):
+    hidden, written, reference, caches = both_ways(model, *mixed_batch(model))
     assert hidden is not None, "a step with prompt chunks ran op by op"
-    written = [c.clone() for c in caches]
-    for cache, old in zip(caches, before):
-        cache.copy_(old)
-    model.decode_step = None
-    try:
-        reference = model.forward(ids, positions, caches, meta)
-    finally:
-        model.decode_step = step
     scale = reference.abs().amax(1, keepdim=True)
     worst = ((hidden - reference).abs() / scale).max().item()
-    assert worst < RTOL, f"the C step's hidden states differ from op by op's by {worst:.1e} of a row's largest"
+    assert worst < RTOL, (f"the C step's hidden states differ from op by op's by {worst:.1e} of "
+                          f"a row's largest")
     assert torch.equal(hidden[:3], reference[:3]), "the decodes' rows should be equal to the bit"
     for layer, (a, b) in enumerate(zip(written, caches)):
         assert torch.allclose(a, b, rtol=RTOL, atol=RTOL), f"layer {layer}'s cache differs"

@@ -19,6 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from test_decode_step_prompts import both_ways
 from test_reference import QUESTIONS, greedy_chats
 from tiny_model import assert_greedy_match
 
@@ -244,22 +245,10 @@ def test_the_decode_step_in_c_gives_the_op_by_op_hidden_states_and_cache(runs, c
     """Also on a 16-bit cache (--kv-cache-dtype): the same rounding and widening either way."""
     model = runs[None][2]
     monkeypatch.setattr(model, "kv_cache_dtype", kv_dtype)  # decode_batch allocates the caches
-    step = model.decode_step
-    assert step is not None, "the bundled GGUF on one rank should run its decode steps in C"
+    assert model.decode_step is not None, "the bundled GGUF on one rank should run its steps in C"
     ids, positions, caches, meta = decode_batch(model, batch)
     assert caches[0].dtype == kv_dtype
-    before = [c.clone() for c in caches]
-    with torch.inference_mode():
-        x = model.embed_tokens(ids).contiguous()
-        hidden = step.run(x, positions, caches, meta)
-        assert hidden is not None, "a step of decodes only ran op by op"
-        written = [c.clone() for c in caches]
-        for cache, old in zip(caches, before):
-            cache.copy_(old)
-        model.decode_step = None
-        try:
-            reference = model.forward(ids, positions, caches, meta)
-        finally:
-            model.decode_step = step
+    hidden, written, reference, caches = both_ways(model, ids, positions, caches, meta)
+    assert hidden is not None, "a step of decodes only ran op by op"
     assert torch.equal(hidden, reference), "the C loop's hidden states differ from the ops'"
     assert all(torch.equal(a, b) for a, b in zip(written, caches)), "the caches differ"
