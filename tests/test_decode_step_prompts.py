@@ -40,7 +40,8 @@ def mixed_batch(model, decode_lens=(9, 40, 23), chunks=((20, 20), (7, 37))):
         cache.copy_(torch.randn(cache.shape, generator=gen))
     blocks = torch.randperm(sum(needs), generator=gen).split(needs)
     width = max(needs[:len(decode_lens)])
-    tables = torch.stack([torch.nn.functional.pad(b, (0, width - len(b))) for b in blocks[:3]])
+    tables = torch.stack([torch.nn.functional.pad(b, (0, width - len(b)))
+                          for b in blocks[:len(decode_lens)]])
     positions = [torch.tensor(decode_lens) - 1]
     meta = AttentionMetadata(slot_mapping=None, num_decodes=len(decode_lens),
                              decode_block_tables=tables, decode_seq_lens=torch.tensor(decode_lens))
