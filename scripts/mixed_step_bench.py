@@ -17,8 +17,8 @@ import os
 import torch
 
 from minivllm.engine.config import EngineConfig
-from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.paired_timing import paired_ratio
+from minivllm.model.random_step import random_step
 from minivllm.worker.model_runner import ModelRunner
 
 BS, DECODE_LEN = 16, 160
@@ -26,27 +26,7 @@ BS, DECODE_LEN = 16, 160
 
 def step(model, decodes: int, chunk: int, count: int, context: int):
     """ids, positions, caches, meta for one step of that shape over a random cache."""
-    per_decode, per_chunk = -(-DECODE_LEN // BS), -(-context // BS)
-    caches = model.allocate_kv_cache(decodes * per_decode + count * per_chunk, BS)
-    gen = torch.Generator().manual_seed(0)
-    for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=gen) * 0.5)
-    blocks = torch.randperm(caches[0].shape[2], generator=gen)
-    tables = blocks[:decodes * per_decode].view(decodes, per_decode)
-    positions = [torch.full((decodes,), DECODE_LEN - 1)]
-    slots = [tables[:, -1] * BS + (DECODE_LEN - 1) % BS]
-    meta = AttentionMetadata(slot_mapping=None, num_decodes=decodes, decode_block_tables=tables,
-                             decode_seq_lens=torch.full((decodes,), DECODE_LEN))
-    for i in range(count):
-        ids = blocks[decodes * per_decode + i * per_chunk:][:per_chunk]
-        pos = torch.arange(context - chunk, context)
-        positions.append(pos)
-        slots.append(ids[pos // BS] * BS + pos % BS)
-        start = decodes + i * chunk
-        meta.prefills.append(PrefillChunk(start, start + chunk, context, ids))
-    meta.slot_mapping = torch.cat(slots)
-    n = decodes + chunk * count
-    return torch.randint(100, 49152, (n,), generator=gen), torch.cat(positions), caches, meta
+    return random_step(model, [DECODE_LEN] * decodes, [(chunk, context)] * count, BS, seed=0)
 
 
 @torch.inference_mode()

@@ -6,7 +6,7 @@ import torch
 
 from minivllm.engine.config import EngineConfig
 from minivllm.model import csrc_build, decode_step, op_choice
-from minivllm.model.attention import AttentionMetadata, PrefillChunk
+from minivllm.model.random_step import random_step
 from minivllm.worker.model_runner import ModelRunner
 
 BS = 16
@@ -33,28 +33,7 @@ def model():
 def mixed_batch(model, decode_lens=(9, 40, 23), chunks=((20, 20), (7, 37))):
     """Decodes of those lengths (the new token included), then prompt chunks (tokens, context):
     the second chunk's first 30 tokens are already in the cache. The cache is random."""
-    gen = torch.Generator().manual_seed(1)
-    needs = [-(-n // BS) for n in decode_lens] + [-(-ctx // BS) for _, ctx in chunks]
-    caches = model.allocate_kv_cache(sum(needs), BS)
-    for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=gen))
-    blocks = torch.randperm(sum(needs), generator=gen).split(needs)
-    width = max(needs[:len(decode_lens)])
-    tables = torch.stack([torch.nn.functional.pad(b, (0, width - len(b)))
-                          for b in blocks[:len(decode_lens)]])
-    positions = [torch.tensor(decode_lens) - 1]
-    meta = AttentionMetadata(slot_mapping=None, num_decodes=len(decode_lens),
-                             decode_block_tables=tables, decode_seq_lens=torch.tensor(decode_lens))
-    start = len(decode_lens)
-    for (tokens, ctx), ids in zip(chunks, blocks[len(decode_lens):]):
-        positions.append(torch.arange(ctx - tokens, ctx))
-        meta.prefills.append(PrefillChunk(start, start + tokens, ctx, ids))
-        start += tokens
-    positions = torch.cat(positions)
-    row_tables = decode_step.row_block_tables(meta, start)
-    meta.slot_mapping = row_tables.gather(1, (positions // BS)[:, None])[:, 0] * BS + positions % BS
-    ids = torch.randint(100, model.config.vocab_size, (start,), generator=gen)
-    return ids, positions, caches, meta
+    return random_step(model, decode_lens, chunks, BS)
 
 
 def both_ways(model, ids, positions, caches, meta):
