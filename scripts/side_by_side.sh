@@ -11,7 +11,8 @@
 # all of them. INPUT_LEN (64), OUTPUT_LEN (128), PROMPTS_C32 (64) and PROMPTS_C1 (8) may be set
 # (a short trial: smaller); GOODPUT (e.g. "ttft:2000 tpot:150") is passed to
 # every run's --goodput; BUDGET (e.g. 128) adds a server minivllm-bBUDGET with that
-# --max-num-batched-tokens; TARGET_ITL_MS adds a server minivllm-itl with --target-itl-ms.
+# --max-num-batched-tokens; TARGET_ITL_MS adds a server minivllm-itl with --target-itl-ms;
+# MV_ENV (e.g. "OMP_PROC_BIND=true OMP_PLACES=cores") is the environment minivllm's servers get.
 set -eu
 OUT=$1; ROUNDS=${2:-3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +24,7 @@ GGUF_DIR=${GGUF_DIR:-${LLAMA_CACHE:-$HOME/.cache/minivllm/llama.cpp}}
 export PATH="$HERE/../.venv/bin:$PATH"  # minivllm, from the repo's venv when it is not active
 mkdir -p "$OUT"
 # llama.cpp: 32 slots sharing 32,768 tokens of f16 cache (720 MiB); minivllm: the same bytes
-MV="minivllm serve --max-num-seqs 32 --max-model-len 1024 --kv-cache-dtype float16 --port 8000"
+MV="${MV_ENV:+env $MV_ENV }minivllm serve --max-num-seqs 32 --max-model-len 1024 --kv-cache-dtype float16 --port 8000"
 LS="$LLAMA_SERVER -t 2 --parallel 32 -c 32768 --cont-batching --port 8080"
 SERVERS=("minivllm|8000|$MV --kv-cache-memory-bytes 720M")  # label|port|command
 if [ -n "${GGUF:-}" ]; then
