@@ -25,11 +25,11 @@ from tiny_model import assert_greedy_match
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
-from minivllm.model import csrc_build, custom_ops, decode_step, op_choice, weight_arena
-from minivllm.model.attention import AttentionMetadata
+from minivllm.model import csrc_build, custom_ops, op_choice, weight_arena
 from minivllm.model.linear import Linear
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
+from minivllm.model.random_step import random_step
 
 QTYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 # Measured here: the blocks and the dequantized float32 weights differ by at most 2.4e-6 of a
@@ -213,18 +213,7 @@ def test_three_ranks_on_the_blocks_give_the_in_process_outputs():
 def decode_batch(model, batch: int, block_size: int = 16):
     """A decode step for `batch` sequences of distinct lengths over a random cache."""
     lens = [9 + 13 * i for i in range(batch)]  # the new token included
-    per = -(-max(lens) // block_size)
-    gen = torch.Generator().manual_seed(batch)
-    caches = model.allocate_kv_cache(batch * per, block_size)
-    for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=gen))
-    tables = torch.randperm(batch * per, generator=gen).view(batch, per)
-    positions = torch.tensor(lens) - 1
-    slots = tables.gather(1, (positions // block_size)[:, None])[:, 0] * block_size
-    meta = AttentionMetadata(slot_mapping=slots + positions % block_size, num_decodes=batch,
-                             decode_block_tables=tables, decode_seq_lens=torch.tensor(lens))
-    ids = torch.randint(100, model.config.vocab_size, (batch,), generator=gen)
-    return ids, positions, caches, meta
+    return random_step(model, lens, [], block_size, seed=batch)
 
 
 @pytest.fixture
