@@ -120,6 +120,11 @@ static inline __attribute__((always_inline)) void micro_kernel(
 // The chunk of x from row m0 (MC rows, or VW for a last one of VW rows or fewer).
 static inline int64_t chunk_rows(int64_t M, int64_t m0) { return M - m0 > VW ? MC : VW; }
 
+// The output rows of the tile from row n0 of N (NR, fewer for the last; 0 past the end).
+static inline int64_t tile_height(int64_t N, int64_t n0) {
+    return N - n0 < NR ? (N - n0 > 0 ? N - n0 : 0) : NR;
+}
+
 // A buffer of at least n floats, kept by the calling thread for its next call: a fresh one per
 // call would be mapped and faulted in each time (xt passes malloc's mmap threshold at K 1536).
 static float *scratch(int which, int64_t n) {
@@ -182,11 +187,10 @@ static int gemm(const float *x, const uint8_t *w, float *out, int64_t M, int64_t
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             if (wt == NULL) continue;
-            const int64_t n0 = t * NR, rows = N - n0 < NR ? N - n0 : NR;
+            const int64_t n0 = t * NR, rows = tile_height(N, n0), next = tile_height(N, n0 + NR);
             for (int64_t r = 0; r < rows; r++)
                 unpack_row(w + (n0 + r) * row_bytes, qtype, ng, nb, wt + r * K);
             if (rows < NR) memset(wt + rows * K, 0, sizeof(float) * (NR - rows) * K);
-            const int64_t next = N - n0 - NR < NR ? N - n0 - NR : NR;  // the next tile's rows
             if (next > 0) prefetch(w + (n0 + NR) * row_bytes, next * row_bytes);
             tile_rows(xt, wt, out, M, N, K, n0, rows);
         }
