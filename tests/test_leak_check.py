@@ -139,7 +139,7 @@ def test_killed_processes_leave_no_multiprocessing_semaphores():
     try:
         assert len(files) == 3 and all(os.path.exists(f) for f in files), files
         tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-        assert any(is_resource_tracker(p) for p in tree), [p.cmdline() for p in tree]
+        assert any(is_resource_tracker(p, wait=10) for p in tree), [p.cmdline() for p in tree]
         kill_processes(tree, grace=5.0, first=signal.SIGKILL)  # as the judge stops a timeout
         proc.wait(timeout=5)
         assert not [f for f in files if os.path.exists(f)]

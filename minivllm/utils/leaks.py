@@ -138,9 +138,15 @@ def _stop(procs: list[psutil.Process], sig: signal.Signals | None, grace: float)
     psutil.wait_procs(alive, timeout=grace)
 
 
-def is_resource_tracker(p: psutil.Process) -> bool:
+def is_resource_tracker(p: psutil.Process, wait: float = 1.0) -> bool:
+    """A process that has just exec'd reads an empty cmdline until the kernel has laid out its
+    arguments; the parent may already run on (its exec pipe closes first). Wait that out."""
+    deadline = time.monotonic() + wait
     try:
-        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+        while not (cmdline := p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "multiprocessing.resource_tracker" in " ".join(cmdline)
     except psutil.Error:
         return False
 
