@@ -18,7 +18,7 @@ from minivllm.model import csrc_build
 from minivllm.model.linear import Linear
 from minivllm.model.paired_timing import paired_ratio
 
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx")  # "amx": amx_bf16 or amx_tile
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx")  # "amx": amx_bf16 or amx_tile
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either makes bfloat16 native
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("cpu_ops.c", "paged_attention.c", "quant_ops.c",
-                                    "quant_gemv.c", "decode_step.c")]
+                                    "quant_gemv.c", "decode_step.c", "greedy_head.c")]
 HEADERS = [CSRC / "kv_dtype.h", CSRC / "quant_blocks.h"]  # in the build key: a change rebuilds
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
@@ -107,6 +107,8 @@ SIGNATURES = {  # name: argument types; every op returns int, 0 for done
     "q_dequant": "pp" + "iii",
     "q_lane_order": "pp" + "iii",
     "decode_layers": "pppp" + "p" + "pppppp" + "p" + "ff",
+    "greedy_head": "pii" + "ppp" + "ip",
+    "greedy_head_built": "",
 }
 CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup, get_tp_group
-from minivllm.model import custom_ops, op_selection, quant_linear, weight_arena
+from minivllm.model import custom_ops, greedy_head, op_selection, quant_linear, weight_arena
 from minivllm.model.attention import AttentionMetadata, PrefillChunk, paged_attention
 from minivllm.model.config import ModelConfig, check_tensor_parallel_size
 from minivllm.model.decode_step import DecodeStep
@@ -124,6 +124,10 @@ class LlamaModel:
             take("model.embed_tokens.weight").to(dtype), self.tp))
         self.cos, self.sin = rope_tables(c, dtype)
         op_selection.prepare(dtype)  # build and choose the C ops, or warn of emulated bfloat16
+        self.screen = (greedy_head.build_screen(self.lm_head.blocks.blocks()[:c.vocab_size],
+                                                self.lm_head.blocks.qtype, c.hidden_size)
+                       if isinstance(self.lm_head, QuantLMHead) and self.tp.world_size == 1
+                       and dtype == torch.float32 else None)  # greedy steps skip the logits
         self.decode_step = DecodeStep.for_model(self)  # the layers in one C call, where they can
 
     def _gather_blocks(self) -> None:
@@ -160,6 +164,11 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """(M, vocab) float32 on rank 0, the output rank; None on the other ranks."""
         return self.lm_head.logits(hidden)
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """compute_logits(hidden).argmax(-1) without most of the logits (greedy_head.py), or
+        None where the screen does not run (no AVX-512 VNNI, not Q8_0, tensor parallel)."""
+        return None if self.screen is None else greedy_head.greedy_tokens(hidden, self.screen)
 
     @torch.inference_mode()
     def score(self, token_ids: list[int], block_size: int = 16) -> torch.Tensor | None:

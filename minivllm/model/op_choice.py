@@ -16,7 +16,7 @@ from __future__ import annotations
 MANY_ROWS = 8  # rows from which an op counts as "many" (decode batches of 8+, prefill)
 PREFILL_ROWS = 128  # rows from which q_linear counts as "prefill"
 ROW_OPS = ("q_linear", "add_rms_norm", "silu_and_mul", "rope_and_cache", "paged_decode",
-           "argmax_rows")
+           "argmax_rows", "greedy_head")
 OPS = (["skinny_linear/few"] + [f"{op}/{rows}" for op in ROW_OPS for rows in ("few", "many")]
        + ["q_linear/prefill"])
 

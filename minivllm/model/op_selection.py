@@ -36,6 +36,7 @@ from gguf import GGMLQuantizationType
 
 from minivllm.model import cpu_features, csrc_build, custom_ops, op_choice
 from minivllm.model.attention import AttentionMetadata, decode_torch
+from minivllm.model.greedy_head import build_screen, screen_tokens
 from minivllm.model.linear import matmul, split_rows
 from minivllm.model.op_choice import OPS, PREFILL_ROWS
 from minivllm.model.paired_timing import paired_ratio
@@ -210,9 +211,22 @@ def _argmax_rows(rows: int) -> Pair:
     return lambda: custom_ops.argmax_c(logits), lambda: custom_ops.argmax_torch(logits)
 
 
+def _greedy_head(rows: int) -> Pair:
+    """A random Q8_0 head of the model's shape (scales 1/256): the int8 screen with its float32
+    confirmation (greedy_head.py) against the logits and their argmax. Without the screen
+    (no AVX-512 VNNI) both sides are the logits."""
+    blocks = torch.randint(-127, 128, (VOCAB, HIDDEN // 32, 34), dtype=torch.int8).view(torch.uint8)
+    blocks[..., :2] = torch.tensor([1 / 256], dtype=torch.float16).view(torch.uint8)
+    head = QuantWeight(blocks.view(VOCAB, -1), GGMLQuantizationType.Q8_0, HIDDEN)
+    screen, packed = build_screen(head.data, head.qtype, HIDDEN), repack(head)
+    x = torch.randn(rows, HIDDEN)
+    logits = lambda: custom_ops.argmax_c(custom_ops.q_linear_c(x, packed))  # noqa: E731
+    return (logits if screen is None else lambda: screen_tokens(x, screen)), logits
+
+
 _cases = {"skinny_linear": _skinny_linear, "q_linear": _q_linear, "add_rms_norm": _add_rms_norm,
           "silu_and_mul": _silu_and_mul, "rope_and_cache": _rope_and_cache,
-          "paged_decode": _paged_decode, "argmax_rows": _argmax_rows}
+          "paged_decode": _paged_decode, "argmax_rows": _argmax_rows, "greedy_head": _greedy_head}
 
 
 def table(ops: dict[str, dict]) -> list[dict]:

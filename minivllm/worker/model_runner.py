@@ -18,7 +18,7 @@ from minivllm.model.attention import AttentionMetadata, PrefillChunk
 from minivllm.model.llama import LlamaModel
 from minivllm.model.loader import load_weights
 from minivllm.model.penalties import apply_sampling_extras
-from minivllm.model.sampler import compute_logprobs, sample
+from minivllm.model.sampler import GREEDY_BELOW, compute_logprobs, sample
 from minivllm.utils import tracing
 
 PROMPT_LOGPROBS_ROWS = 128  # positions scored at once: 128 x 49,152 float32 logits = 25 MB
@@ -65,11 +65,16 @@ class ModelRunner:
         sampled = np.full(num_rows, -1, np.int32)
         if rows.size:
             last = new_starts[rows + 1] - 1  # each sampled row's last token; increasing
-            logits = self.model.compute_logits(
-                hidden if last.size == len(hidden) else hidden[torch.from_numpy(last)])
+            hidden = hidden if last.size == len(hidden) else hidden[torch.from_numpy(last)]
+            orig = order[rows]
+            tokens = self._greedy_tokens(so, hidden, orig)
+            if tokens is not None:  # every row greedy: no logits needed, only their argmax
+                sampled[orig] = tokens.numpy()
+                return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled,
+                                         prompt_logprobs=prompt_lps)
+            logits = self.model.compute_logits(hidden)
             if logits is None:  # a tensor-parallel rank that is not the output rank
                 return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled)
-            orig = order[rows]
             with tracing.span("sample"):
                 processed, failed = self._processed(logits, so.sampling_extras, orig)
                 tokens = sample(processed, *(torch.from_numpy(a[orig]) for a in (
@@ -84,6 +89,17 @@ class ModelRunner:
             return out
         return ModelRunnerOutput(req_ids=so.req_ids, sampled_token_ids=sampled,
                                  prompt_logprobs=prompt_lps)
+
+    def _greedy_tokens(self, so: SchedulerOutput, hidden: torch.Tensor,
+                       orig: np.ndarray) -> torch.Tensor | None:
+        """The rows' greedy tokens straight from the hidden states (LlamaModel.greedy_tokens)
+        where every row is greedy and wants nothing else of its logits (no penalties, logit
+        bias, min_tokens or logprobs); else None, and the step computes the logits."""
+        if (so.sampling_extras is not None or (so.temperature[orig] >= GREEDY_BELOW).any()
+                or (so.num_logprobs is not None and (so.num_logprobs[orig] >= 0).any())):
+            return None
+        with tracing.span("greedy_head"):
+            return self.model.greedy_tokens(hidden)
 
     def _prompt_logprobs(self, wanted: PromptLogprobsWanted, hidden: torch.Tensor,
                          new_starts: np.ndarray, order: np.ndarray) -> PromptLogprobs | None:
