@@ -15,6 +15,7 @@ import warnings
 import pytest
 from tiny_model import make_tiny_model_dir
 
+from minivllm.model import csrc_build, op_choice
 from minivllm.utils.leaks import Snapshot, become_subreaper, reap_orphans
 from minivllm.utils.resource_names import PREFIX_ENV, name_default_segments
 
@@ -60,6 +61,16 @@ def pytest_xdist_make_scheduler(config, log):
 def _basetemp(tmp_path_factory):
     """Fix pytest's tmp_path root in the real temp dir, before any test's private TMPDIR."""
     tmp_path_factory.getbasetemp()
+
+
+@pytest.fixture
+def c_ops():
+    """Every op in C, whatever this CPU's measurements chose (op_selection.py)."""
+    if csrc_build.load() is None:
+        pytest.skip("the C ops are not built here")
+    chosen = op_choice.set_table("c")
+    yield
+    op_choice.set_table(chosen)
 
 
 @pytest.fixture(scope="session")

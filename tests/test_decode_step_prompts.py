@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm.engine.config import EngineConfig
-from minivllm.model import csrc_build, decode_step, op_choice
+from minivllm.model import csrc_build, decode_step
 from minivllm.model.random_step import random_step
 from minivllm.worker.model_runner import ModelRunner
 
@@ -17,17 +17,17 @@ BS = 16
 RTOL = 1e-3
 
 
+pytestmark = pytest.mark.usefixtures("c_ops")  # every op in C (conftest.py)
+
+
 @pytest.fixture(scope="module")
 def model():
     if csrc_build.load() is None:
         pytest.skip("the C ops are not built here")
-    chosen = op_choice.table()
-    op_choice.set_table("c")
     runner = ModelRunner(EngineConfig())
     runner.load_model()
     assert runner.model.decode_step is not None, "the bundled GGUF should run its steps in C"
-    yield runner.model
-    op_choice.set_table(chosen)
+    return runner.model
 
 
 def mixed_batch(model, decode_lens=(9, 40, 23), chunks=((20, 20), (7, 37))):

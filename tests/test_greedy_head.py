@@ -11,8 +11,8 @@ import torch
 from gguf import GGMLQuantizationType
 
 from minivllm.engine.config import EngineConfig
-from minivllm.model import cpu_features, csrc_build, custom_ops, greedy_head, op_choice
-from minivllm.model.quant_linear import QuantWeight, dequantize_torch
+from minivllm.model import cpu_features, csrc_build, custom_ops, greedy_head
+from minivllm.model.quant_linear import dequantize_torch
 from minivllm.model.random_step import random_step
 from minivllm.worker.model_runner import ModelRunner
 
@@ -29,11 +29,7 @@ def _screen_expected() -> bool:
 needs_screen = pytest.mark.skipif(not _screen_expected(), reason="no AVX-512 VNNI here")
 
 
-@pytest.fixture(autouse=True)
-def c_ops():
-    chosen = op_choice.set_table("c")
-    yield
-    op_choice.set_table(chosen)
+pytestmark = pytest.mark.usefixtures("c_ops")  # every op in C (conftest.py)
 
 
 def random_head(vocab: int, seed: int = 0, scale: float = 1 / 256) -> torch.Tensor:

@@ -25,7 +25,7 @@ from tiny_model import assert_greedy_match
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.config import EngineConfig
-from minivllm.model import csrc_build, custom_ops, op_choice, weight_arena
+from minivllm.model import csrc_build, custom_ops, weight_arena
 from minivllm.model.linear import Linear
 from minivllm.model.quant_linear import (QuantColumnParallelLinear, QuantLinear, QuantLMHead,
                                          QuantRowParallelLinear, QuantWeight)
@@ -214,17 +214,6 @@ def decode_batch(model, batch: int, block_size: int = 16):
     """A decode step for `batch` sequences of distinct lengths over a random cache."""
     lens = [9 + 13 * i for i in range(batch)]  # the new token included
     return random_step(model, lens, [], block_size, seed=batch)
-
-
-@pytest.fixture
-def c_ops():
-    """Every op in C, whatever this CPU's measurements chose (op_selection.py)."""
-    if csrc_build.load() is None:
-        pytest.skip("the C ops are not built here")
-    chosen = op_choice.table()
-    op_choice.set_table("c")
-    yield
-    op_choice.set_table(chosen)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
