@@ -96,6 +96,30 @@ def test_exact_ties_give_the_first_row_and_near_ties_the_larger():
 
 
 @needs_screen
+def test_the_bound_holds_where_rounding_errs_against_the_winner_in_every_channel():
+    """x's first channel of each block is its largest (scale 1/127); every other one sits at
+    0.49 of a step, the side that row A's weight makes count: rounded to 0, A's approximate
+    logit is 0 against a true 0.49 s |w_A|_1, the most the rounding can take. Row B reads
+    only the exact channel and trails A by 0.2%: a bound under half a step drops A for B."""
+    blocks = random_head(16, seed=5)
+    rows = blocks.view(16, HIDDEN // 32, 34)
+    rows[:, :, :2] = 0  # scale 0: every other row's logit is 0
+    rows[3, :, :2] = torch.tensor([1 / 256], dtype=torch.float16).view(torch.uint8)
+    rows[3, :, 2] = 0  # A leaves each block's first channel out
+    w = dequantize_torch(blocks, Q8_0, HIDDEN).view(16, HIDDEN // 32, 32)
+    x = 0.49 / 127 * w[3].sign()
+    x[:, 0] = 1.0
+    x = x.reshape(1, HIDDEN)
+    z_a = float(x.double() @ w[3].reshape(-1).double())
+    rows[9, 0, 2:] = 0
+    rows[9, 0, 2] = 127  # B: one weight, on the first block's exact channel
+    rows[9, 0, :2] = torch.tensor([0.998 * z_a / 127], dtype=torch.float16).view(torch.uint8)
+    z = x.double() @ dequantize_torch(blocks, Q8_0, HIDDEN).double().t()
+    assert z.argmax().item() == 3 and 0.99 * z_a < z[0, 9] < z_a
+    assert screened(x, blocks).item() == 3
+
+
+@needs_screen
 def test_padding_rows_never_win():
     """40 rows (3 tiles of 16, the last padded): every logit negative, the padding's would be 0."""
     blocks = random_head(40, seed=3)
