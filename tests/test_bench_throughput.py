@@ -118,7 +118,8 @@ def test_quick_run_writes_rows_ratios_and_cpu_flags(tmp_path, capsys, monkeypatc
                             "--json", str(path)]) == 0
     record = json.loads(path.read_text())
     assert record["bench"] == "throughput" and record["machine"]["cores"] >= 1
-    assert set(record["machine"]["cpu_flags"]) == {"avx2", "avx512f", "avx512_bf16", "amx"}
+    assert set(record["machine"]["cpu_flags"]) == {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                                                       "amx"}
     assert record["machine"]["isa"]["c_ops_march"]
     assert [(r["dtype"], r["batch"]) for r in record["results"]] == [("float32", 1), ("float32", 32)]
     for row in record["results"]:

@@ -90,6 +90,16 @@ def _dying(pid: int) -> bool:
         return True
 
 
+def _still_runs(pid: int) -> bool:
+    """Whether pid has not exited. A join can return with no exit code for a worker that has:
+    two threads joined it at once (shutdown and a monitor that woke at its exit), and the other
+    one reaped it."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class _RecordedWaits:
     """While active: the timeouts one thread (the caller's, or the one watch() names) passes to
     a queue's get or to multiprocessing.connection.wait (the slices a call waits in), and those
@@ -133,7 +143,7 @@ class _RecordedWaits:
             real_join(proc, scaled(1.0))  # a join without a limit after SIGKILL is right
             if proc.exitcode is None and _dying(proc.pid):  # killed, and slow to go when busy
                 real_join(proc, scaled(10.0))
-            if proc.exitcode is None:
+            if proc.exitcode is None and _still_runs(proc.pid):
                 who = f"worker {self.procs.index(proc)}" if proc in self.procs else proc.name
                 self.joins.append(float("inf"))
                 self._break(f"it joins {who} without a limit while that worker still runs "
