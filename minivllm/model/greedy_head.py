@@ -5,8 +5,10 @@ A step whose every sampled row is greedy, with no penalties, logit bias or logpr
 each row's best token. The screen rounds the hidden state to int8 and bounds how far that moves
 each logit, so every token it drops is provably below the best one; the tokens it keeps (a
 median of 14 per decode row of the bundled model) are computed in float32. At 32 rows the head
-was the step's largest matrix (11 ms of 60, figures/reference_numbers.md). vLLM has no such
-path: on a GPU the head is one fast GEMM; here, on two CPU cores, it is a sixth of a step.
+was the step's largest matrix (11 ms of 60, figures/reference_numbers.md). vLLM's sampler
+takes a shortcut for an all-greedy batch (vllm/v1/sample/sampler.py:325), but only after
+compute_logits (vllm/model_executor/models/llama.py:546) has made every logit: on a GPU the head
+is one fast GEMM; here, on two CPU cores, it is a sixth of a step.
 
 The screen's copy of the weights (build_screen) is made at load from the head's blocks: 16
 vocabulary rows to a tile, each row's quants + 128 (unsigned, as VNNI's u8 x s8 product wants
