@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType
 
 from minivllm.engine.config import EngineConfig
 from minivllm.model import cpu_features, csrc_build, custom_ops, greedy_head
+from minivllm.model.op_selection import HIDDEN, random_q8_blocks
 from minivllm.model.quant_linear import dequantize_torch
 from minivllm.model.random_step import random_step
 from minivllm.worker.model_runner import ModelRunner
 
 Q8_0 = GGMLQuantizationType.Q8_0
-HIDDEN = 576
 
 
 def _screen_expected() -> bool:
@@ -30,15 +30,6 @@ needs_screen = pytest.mark.skipif(not _screen_expected(), reason="no AVX-512 VNN
 
 
 pytestmark = pytest.mark.usefixtures("c_ops")  # every op in C (conftest.py)
-
-
-def random_head(vocab: int, seed: int = 0, scale: float = 1 / 256) -> torch.Tensor:
-    """Q8_0 blocks (vocab, HIDDEN / 32 * 34) in the file's layout, quants uniform in +-127."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks = torch.randint(-127, 128, (vocab, HIDDEN // 32, 34), dtype=torch.int8,
-                           generator=gen).view(torch.uint8)
-    blocks[..., :2] = torch.tensor([scale], dtype=torch.float16).view(torch.uint8)
-    return blocks.view(vocab, -1)
 
 
 def exact_argmax(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -73,7 +64,8 @@ def test_the_models_greedy_tokens_are_the_logits_argmax(model, decodes, chunks):
 def test_random_rows_with_outlier_channels_match_the_float_argmax():
     """Per-block scales keep one outlier channel from blurring the whole row; the screen's bound
     (half a step of each block's scale, times the row's |w|) must still hold every time."""
-    blocks, gen = random_head(4099), torch.Generator().manual_seed(1)  # a last tile of 3 rows
+    blocks = random_q8_blocks(4099, seed=0)  # a last tile of 3 rows
+    gen = torch.Generator().manual_seed(1)
     for trial in range(60):
         x = torch.randn(9, HIDDEN, generator=gen) * (0.05 + trial / 10)
         x[:, trial % HIDDEN] *= 40  # an outlier channel, as the model's final norm has
@@ -82,7 +74,7 @@ def test_random_rows_with_outlier_channels_match_the_float_argmax():
 
 @needs_screen
 def test_exact_ties_give_the_first_row_and_near_ties_the_larger():
-    blocks = random_head(64, seed=2)
+    blocks = random_q8_blocks(64, seed=2)
     rows = blocks.view(64, HIDDEN // 32, 34)
     rows[40] = rows[7]  # an exact tie: argmax takes the first
     rows[50] = rows[20]
@@ -101,7 +93,7 @@ def test_the_bound_holds_where_rounding_errs_against_the_winner_in_every_channel
     0.49 of a step, the side that row A's weight makes count: rounded to 0, A's approximate
     logit is 0 against a true 0.49 s |w_A|_1, the most the rounding can take. Row B reads
     only the exact channel and trails A by 0.2%: a bound under half a step drops A for B."""
-    blocks = random_head(16, seed=5)
+    blocks = random_q8_blocks(16, seed=5)
     rows = blocks.view(16, HIDDEN // 32, 34)
     rows[:, :, :2] = 0  # scale 0: every other row's logit is 0
     rows[3, :, :2] = torch.tensor([1 / 256], dtype=torch.float16).view(torch.uint8)
@@ -122,7 +114,7 @@ def test_the_bound_holds_where_rounding_errs_against_the_winner_in_every_channel
 @needs_screen
 def test_padding_rows_never_win():
     """40 rows (3 tiles of 16, the last padded): every logit negative, the padding's would be 0."""
-    blocks = random_head(40, seed=3)
+    blocks = random_q8_blocks(40, seed=3)
     w = dequantize_torch(blocks, Q8_0, HIDDEN)
     x = -w.sum(0, keepdim=True)  # against every row at once: all logits negative
     assert (x @ w.t()).max() < 0
@@ -132,7 +124,7 @@ def test_padding_rows_never_win():
 
 @needs_screen
 def test_rows_the_screen_cannot_narrow_are_left_to_the_logits():
-    blocks = random_head(4096, seed=4)
+    blocks = random_q8_blocks(4096, seed=4)
     x = torch.randn(3, HIDDEN)
     x[1] = 0.0  # every logit 0: the screen keeps every row, and declines
     assert screened(x, blocks) is None

@@ -12,8 +12,8 @@ vllm/v1/core/sched/scheduler.py:719-722) and a request's chunk at long_prefill_t
 Padded rows: the C GEMM computes a vector of rows at a time (custom_ops.gemm_row_multiple: 16
 with AVX-512), so a step's rows are padded up to a multiple. Measured on the bundled model
 (2-vCPU Zen 4, float16 cache, layers and the greedy head), 17 decodes cost 50 ms and 32 cost 55
-ms, but 33 cost 77. The padding is a row's cost, paid whether or not a prompt token fills it; the budget
-fills it.
+ms, but 33 cost 77. The padding is a row's cost, paid whether or not a prompt token fills it;
+the budget fills it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("cpu_ops.c", "paged_attention.c", "quant_ops.c",
                                     "quant_gemv.c", "decode_step.c", "greedy_head.c")]
-HEADERS = [CSRC / "kv_dtype.h", CSRC / "quant_blocks.h"]  # in the build key: a change rebuilds
+# the headers are in the build key: a change rebuilds
+HEADERS = [CSRC / "kv_dtype.h", CSRC / "quant_blocks.h", CSRC / "thread_scratch.h"]
 ENABLE_ENV = "MINIVLLM_CUSTOM_OPS"  # "auto" (the default), "c" or "torch": see custom_ops.py
 ARCH_ENV = "MINIVLLM_CPU_ARCH"  # gcc's -march: "native" (the default), or e.g. "x86-64-v3"
 LINK_FLAGS = ["-shared", "-fopenmp"]  # libgomp: torch's copy is already loaded, and shared

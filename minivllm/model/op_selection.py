@@ -211,13 +211,21 @@ def _argmax_rows(rows: int) -> Pair:
     return lambda: custom_ops.argmax_c(logits), lambda: custom_ops.argmax_torch(logits)
 
 
-def _greedy_head(rows: int) -> Pair:
-    """A random Q8_0 head of the model's shape (scales 1/256): the int8 screen with its float32
-    confirmation (greedy_head.py) against the logits and their argmax. Without the screen
-    (no AVX-512 VNNI) both sides are the logits."""
-    blocks = torch.randint(-127, 128, (VOCAB, HIDDEN // 32, 34), dtype=torch.int8).view(torch.uint8)
+def random_q8_blocks(vocab: int, seed: int | None = None) -> torch.Tensor:
+    """Q8_0 blocks (vocab, HIDDEN / 32 * 34) in the file's layout: quants uniform in +-127,
+    every scale 1/256 (tests/test_greedy_head.py builds its heads from these too)."""
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    blocks = torch.randint(-127, 128, (vocab, HIDDEN // 32, 34), dtype=torch.int8,
+                           generator=gen).view(torch.uint8)
     blocks[..., :2] = torch.tensor([1 / 256], dtype=torch.float16).view(torch.uint8)
-    head = QuantWeight(blocks.view(VOCAB, -1), GGMLQuantizationType.Q8_0, HIDDEN)
+    return blocks.view(vocab, -1)
+
+
+def _greedy_head(rows: int) -> Pair:
+    """A random Q8_0 head of the model's shape: the int8 screen with its float32 confirmation
+    (greedy_head.py) against the logits and their argmax. Without the screen (no AVX-512
+    VNNI) both sides are the logits."""
+    head = QuantWeight(random_q8_blocks(VOCAB), GGMLQuantizationType.Q8_0, HIDDEN)
     screen, packed = build_screen(head.data, head.qtype, HIDDEN), repack(head)
     x = torch.randn(rows, HIDDEN)
     logits = lambda: custom_ops.argmax_c(custom_ops.q_linear_c(x, packed))  # noqa: E731

@@ -21,11 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant_blocks.h"
+#include "thread_scratch.h"
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #include <omp.h>
 
-enum { QK = 32, TILE = 16, QUADS = QK / 4, MB = 8 };  // MB rows of x share a tile's weights
+enum { TILE = 16, QUADS = QK / 4, MB = 8 };  // MB rows of x share a tile's weights
 #define SLACK 0.52f  // E_n = SLACK * sum_b s_b |w_nb|_1: 0.5 for the rounding, 0.02 for float error
 
 // x row m -> q (K int8) with q * s_b ~ x in block b, s (K / 32 scales) and the block sums of q
@@ -168,17 +171,11 @@ static int64_t pick(const float *x, int64_t K, const uint8_t *wq, const float *w
     return best;
 }
 
-// A buffer of at least n bytes, kept by the calling thread for its next call (the candidates,
-// 8 KB a row and thread, would otherwise be mapped and faulted in every step).
+// Buffer `which` of this thread (thread_scratch.h), at least n bytes.
 static void *scratch(int which, size_t n) {
     static __thread void *buf[5];
     static __thread size_t cap[5];
-    if (n > cap[which]) {
-        free(buf[which]);
-        buf[which] = aligned_alloc(64, (n + 63) / 64 * 64);
-        cap[which] = buf[which] == NULL ? 0 : n;
-    }
-    return buf[which];
+    return grow_scratch(&buf[which], &cap[which], n);
 }
 
 // x (M, K) float32; wq, wd, wl1 the screen's weights, scales and per-block |w|_1 for N

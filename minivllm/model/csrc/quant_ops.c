@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "quant_blocks.h"
+#include "thread_scratch.h"
 
 // nb blocks in the file's layout -> nb * 32 floats, the values gguf-py's dequantize gives.
 static void unpack_blocks(const uint8_t *src, int64_t qtype, int64_t nb, float *restrict w) {
@@ -125,17 +126,11 @@ static inline int64_t tile_height(int64_t N, int64_t n0) {
     return N - n0 < NR ? (N - n0 > 0 ? N - n0 : 0) : NR;
 }
 
-// A buffer of at least n floats, kept by the calling thread for its next call: a fresh one per
-// call would be mapped and faulted in each time (xt passes malloc's mmap threshold at K 1536).
+// Buffer `which` of this thread (thread_scratch.h), at least n floats.
 static float *scratch(int which, int64_t n) {
-    static __thread float *buf[2];
-    static __thread int64_t cap[2];
-    if (n > cap[which]) {
-        free(buf[which]);
-        buf[which] = aligned_alloc(64, sizeof(float) * ((n + 15) / 16 * 16));  // 64-byte lines
-        cap[which] = buf[which] == NULL ? 0 : n;
-    }
-    return buf[which];
+    static __thread void *buf[2];
+    static __thread size_t cap[2];
+    return grow_scratch(&buf[which], &cap[which], sizeof(float) * n);
 }
 
 // Row m of x into its chunk of xt, each chunk (K, chunk rows) from xt + m0 * K, zero past row
